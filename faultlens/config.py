@@ -1,0 +1,237 @@
+"""Typed, frozen configuration: one TOML file, ``FAULTLENS_*`` variables, flags.
+
+Precedence, lowest first: defaults < ``faultlens.toml`` (or ``--config``) <
+environment ``FAULTLENS_<SECTION>_<KEY>`` < command-line flags
+(``--set section.key=value`` and the commands' own flags). Everything is
+validated at start; an error names the file (or variable) and the key.
+
+Units are in the names (``interval_s``, ``temp_limit_c``). Secrets
+(``sasl_password``, ``ssl_password``) never appear in ``describe()`` or logs.
+
+This module imports no faultlens part, so every part may take its section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlens.errors import ConfigError
+
+SECRET_KEYS = frozenset({"sasl_password", "ssl_password", "webhook_token"})
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    """The Kafka bus. No bootstrap servers: the embedded broker (demo, tests)."""
+
+    bootstrap_servers: str = ""
+    topic_prefix: str = "faultlens"
+    client_id: str = "faultlens"
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_username: str = ""
+    sasl_password: str = ""
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_password: str = ""
+    compression: str = "none"  # none | gzip | lz4 | zstd (lz4/zstd need their Python packages)
+    linger_ms: int = 20
+    batch_size_bytes: int = 1_048_576
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 45_000
+
+
+@dataclass(frozen=True)
+class LakeConfig:
+    path: str = "lake"
+    catalog_path: str = "faultlens-catalog.duckdb"
+    flush_interval_s: float = 5.0
+    flush_rows: int = 200_000
+    group_id: str = "faultlens-stream"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str = ""  # empty: this host's name
+    job: str = ""
+    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks")
+    nvml_interval_s: float = 1.0
+    kernel_follow: str = "auto"  # auto | kmsg | journal | file path
+    nccl_glob: str = ""
+    steps_glob: str = ""
+    spool_dir: str = "/var/lib/faultlens/spool"
+    spool_max_bytes: int = 256 * 1024 * 1024
+    health_interval_s: float = 30.0
+    metrics_port: int = 0  # 0: no /metrics endpoint
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    group_id: str = "faultlens-diagnosis"
+    catalog_path: str = "faultlens-diagnosis.duckdb"
+    burst_gap_s: float = 180.0
+    network_alerts_to_evict: int = 2
+    network_window_s: float = 300.0
+    stack_rounds: int = 5
+    stack_round_interval_s: float = 10.0
+    hang_no_progress_s: float = 600.0
+    metrics_port: int = 0
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Guard rails on automatic actions."""
+
+    dry_run: bool = True
+    min_confidence_evict: float = 0.9
+    max_evictions_per_job_per_hour: int = 4
+    max_evicted_fraction: float = 0.25
+    storm_nodes: int = 8  # this many nodes blamed within storm_window_s: fabric incident
+    storm_window_s: float = 300.0
+    dedup_window_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    adapter: str = "dry-run"  # dry-run | slurm | kubernetes | command
+    group_id: str = "faultlens-runner"
+    hook_command: str = ""  # for the command adapter: argv template
+    slurm_requeue: bool = True
+    k8s_taint: str = "faultlens.io/faulty=true:NoSchedule"
+
+
+@dataclass(frozen=True)
+class UiConfig:
+    host: str = "127.0.0.1"
+    port: int = 8501
+
+
+@dataclass(frozen=True)
+class Config:
+    bus: BusConfig = field(default_factory=BusConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    ui: UiConfig = field(default_factory=UiConfig)
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """The configuration as a dict, secrets masked."""
+        out: dict[str, dict[str, Any]] = {}
+        for sec in dataclasses.fields(self):
+            values = dataclasses.asdict(getattr(self, sec.name))
+            out[sec.name] = {k: ("***" if k in SECRET_KEYS and v else v) for k, v in values.items()}
+        return out
+
+
+# Short environment aliases from DESIGN.md.
+ENV_ALIASES = {"FAULTLENS_BOOTSTRAP": ("bus", "bootstrap_servers")}
+
+
+def _convert(value: Any, tp: Any, *, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp) or tp
+    try:
+        if origin is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if origin is int:
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not an integer")
+            return int(value)
+        if origin is float:
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not a number")
+            return float(value)
+        if origin is str:
+            if not isinstance(value, (str, int, float)):
+                raise ValueError(f"not a string: {value!r}")
+            return str(value)
+        if origin is tuple:
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"not a list: {value!r}")
+            return tuple(str(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc), file=where, key=key) from None
+    raise ConfigError(f"unsupported type {tp}", file=where, key=key)  # pragma: no cover
+
+
+def _apply(sections: dict[str, dict[str, Any]], section: str, key: str, value: Any, where: str) -> None:
+    sec_fields = {f.name: f for f in dataclasses.fields(Config)}
+    if section not in sec_fields:
+        raise ConfigError(f"unknown section [{section}]; known: {', '.join(sec_fields)}", file=where, key=section)
+    cls = sec_fields[section].default_factory  # type: ignore[misc]
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        raise ConfigError(f"unknown key in [{section}]; known: {', '.join(hints)}", file=where, key=f"{section}.{key}")
+    sections.setdefault(section, {})[key] = _convert(value, hints[key], where=where, key=f"{section}.{key}")
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: typing.Mapping[str, str] | None = None,
+    overrides: typing.Iterable[str] = (),
+    flags: typing.Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration. ``path=None`` reads ./faultlens.toml when present.
+
+    ``overrides`` are ``section.key=value`` strings; ``flags`` maps
+    ``"section.key"`` to values already parsed by argparse (None = not given).
+    """
+    env = os.environ if env is None else env
+    sections: dict[str, dict[str, Any]] = {}
+    if path is None and Path("faultlens.toml").is_file():
+        path = "faultlens.toml"
+    if path is None and env.get("FAULTLENS_CONFIG"):
+        path = env["FAULTLENS_CONFIG"]
+    if path is not None:
+        file = str(path)
+        try:
+            data = tomllib.loads(Path(file).read_text())
+        except FileNotFoundError:
+            raise ConfigError("configuration file not found", file=file) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"not valid TOML: {exc}", file=file) from None
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError("top-level keys must be [sections]", file=file, key=section)
+            for key, value in values.items():
+                _apply(sections, section, key, value, file)
+    for name, value in env.items():
+        if name in ENV_ALIASES:
+            _apply(sections, *ENV_ALIASES[name], value, f"environment {name}")
+        elif name.startswith("FAULTLENS_") and name != "FAULTLENS_CONFIG" and not name.startswith("FAULTLENS_TEST"):
+            rest = name[len("FAULTLENS_"):].lower()
+            section, _, key = rest.partition("_")
+            if section in {f.name for f in dataclasses.fields(Config)} and key:
+                _apply(sections, section, key, value, f"environment {name}")
+    for item in overrides:
+        dotted, sep, value = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"expected section.key=value, got {item!r}", file="--set", key=dotted)
+        _apply(sections, section, key, value.strip(), "--set")
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            section, _, key = dotted.partition(".")
+            _apply(sections, section, key, value, "command line")
+    kwargs = {}
+    for sec in dataclasses.fields(Config):
+        cls = sec.default_factory  # type: ignore[misc]
+        kwargs[sec.name] = cls(**sections.get(sec.name, {}))
+    return Config(**kwargs)

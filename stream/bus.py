@@ -1,0 +1,241 @@
+"""Producer and consumer wrappers on kafka-python.
+
+They know the topic of each record kind, the key of each kind (node or job),
+batching and compression, and TLS/SASL settings; kafka errors are translated
+into ``BusError`` with the topic named. Records are encoded by
+``stream.schema``; nothing else in faultlens builds Kafka clients by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from faultlens.config import BusConfig
+from faultlens.errors import BusError
+from faultlens.stream import schema, topics
+from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
+
+log = logging.getLogger(__name__)
+
+
+def client_kwargs(bus: BusConfig, bootstrap: str | None = None) -> dict[str, Any]:
+    """Connection settings shared by producers, consumers and admin clients."""
+    servers = bootstrap or bus.bootstrap_servers
+    if not servers:
+        raise BusError("no bootstrap servers: set [bus] bootstrap_servers or FAULTLENS_BOOTSTRAP, or use the embedded broker")
+    kw: dict[str, Any] = {
+        "bootstrap_servers": [s.strip() for s in servers.split(",") if s.strip()],
+        "client_id": bus.client_id,
+        "security_protocol": bus.security_protocol,
+    }
+    if bus.security_protocol in ("SSL", "SASL_SSL"):
+        for src, dst in (("ssl_cafile", "ssl_cafile"), ("ssl_certfile", "ssl_certfile"), ("ssl_keyfile", "ssl_keyfile"), ("ssl_password", "ssl_password")):
+            if getattr(bus, src):
+                kw[dst] = getattr(bus, src)
+    if bus.security_protocol.startswith("SASL"):
+        kw["sasl_mechanism"] = bus.sasl_mechanism or "PLAIN"
+        kw["sasl_plain_username"] = bus.sasl_username
+        kw["sasl_plain_password"] = bus.sasl_password
+    return kw
+
+
+def is_embedded(bootstrap: str) -> bool:
+    return bootstrap.startswith("127.0.0.1:") or bootstrap.startswith("localhost:")
+
+
+def ensure_topics(bus: BusConfig, bootstrap: str | None = None, names: Iterable[str] = topics.NAMES) -> None:
+    """Create the faultlens topics that do not exist yet."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    try:
+        admin = KafkaAdminClient(**client_kwargs(bus, bootstrap), request_timeout_ms=10_000)
+    except KafkaError as exc:
+        raise BusError(f"cannot reach the bus at {bootstrap or bus.bootstrap_servers}: {exc}") from exc
+    try:
+        existing = set(admin.list_topics())
+        new = [
+            NewTopic(topics.topic(n, bus.topic_prefix), topics.DEFAULT_PARTITIONS.get(n, 1), 1)
+            for n in names
+            if topics.topic(n, bus.topic_prefix) not in existing
+        ]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+    except KafkaError as exc:
+        raise BusError(f"creating topics failed: {exc}") from exc
+    finally:
+        admin.close()
+
+
+class Producer:
+    """Sends records to their topic, keyed by node or job.
+
+    ``send`` never blocks on the network for long: kafka-python batches in the
+    background (``linger_ms``). Callers that must not lose data on a broker
+    outage (the agent) put a spool in front of this (collectors.spool).
+    """
+
+    def __init__(self, bus: BusConfig, bootstrap: str | None = None, **overrides: Any):
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        self.prefix = bus.topic_prefix
+        kw = client_kwargs(bus, bootstrap)
+        kw.update(
+            linger_ms=bus.linger_ms,
+            batch_size=bus.batch_size_bytes,
+            compression_type=None if bus.compression == "none" else bus.compression,
+            acks="all",
+            max_request_size=schema.MAX_MESSAGE_BYTES * 4,
+        )
+        kw.update(overrides)
+        try:
+            self._producer = KafkaProducer(**kw)
+        except KafkaError as exc:
+            raise BusError(f"cannot connect a producer to {kw['bootstrap_servers']}: {exc}") from exc
+
+    def send(self, record: Any, *, value: bytes | None = None) -> Any:
+        """Send one record (or its pre-encoded ``value``); returns kafka's future."""
+        kind = type(record).KIND
+        key = getattr(record, topics.KEY_FIELD[kind], None)
+        if kind in ("incidents", "actions"):
+            import orjson
+
+            value = orjson.dumps(schema.cloudevent(record))
+        return self.send_raw(kind, key, value if value is not None else schema.encode(record))
+
+    def send_raw(self, kind: str, key: str | None, value: bytes) -> Any:
+        from kafka.errors import KafkaError
+
+        name = topics.topic(kind, self.prefix)
+        try:
+            return self._producer.send(name, key=key.encode() if key else None, value=value)
+        except KafkaError as exc:
+            raise BusError(f"producing to {name} failed: {exc}") from exc
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaError as exc:
+            raise BusError(f"flush failed: {exc}") from exc
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._producer.close(timeout=timeout_s)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    kind: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    timestamp_ms: int
+
+
+class Consumer:
+    """A consumer-group member over some kinds' topics, yielding raw ``Message``s.
+
+    Auto-commit is off: the caller commits after its sink has the data (or
+    stores offsets with the data, as the lake writer does).
+    """
+
+    def __init__(
+        self,
+        bus: BusConfig,
+        kinds: Iterable[str],
+        *,
+        group_id: str | None,
+        bootstrap: str | None = None,
+        from_beginning: bool = True,
+        **overrides: Any,
+    ):
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        self.prefix = bus.topic_prefix
+        kw = client_kwargs(bus, bootstrap)
+        servers = ",".join(kw["bootstrap_servers"])
+        embedded = is_embedded(servers)
+        kw.update(
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            max_poll_interval_ms=EMBEDDED_MAX_POLL_INTERVAL_MS if embedded else bus.max_poll_interval_ms,
+            session_timeout_ms=3000 if embedded else bus.session_timeout_ms,
+            heartbeat_interval_ms=1000 if embedded else 3000,
+            fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+        kw.update(overrides)
+        self.topics = [topics.topic(k, self.prefix) for k in kinds]
+        try:
+            self._consumer = KafkaConsumer(**kw)
+            if group_id is not None:
+                self._consumer.subscribe(self.topics)
+            else:
+                from kafka import TopicPartition
+
+                parts = []
+                for t in self.topics:
+                    for p in sorted(self._consumer.partitions_for_topic(t) or ()):
+                        parts.append(TopicPartition(t, p))
+                self._consumer.assign(parts)
+                if from_beginning:
+                    self._consumer.seek_to_beginning()
+        except KafkaError as exc:
+            raise BusError(f"cannot start a consumer on {self.topics}: {exc}") from exc
+
+    @property
+    def raw(self) -> Any:
+        """The kafka-python consumer, for offset management (seek, commit, assignment)."""
+        return self._consumer
+
+    def poll(self, timeout_ms: int = 500, max_records: int = 10_000) -> list[Message]:
+        from kafka.errors import KafkaError
+
+        try:
+            batch = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except KafkaError as exc:
+            raise BusError(f"consuming {self.topics} failed: {exc}") from exc
+        out = []
+        for tp, msgs in batch.items():
+            kind = topics.kind_of(tp.topic, self.prefix)
+            for m in msgs:
+                out.append(
+                    Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None, m.value, m.timestamp)
+                )
+        return out
+
+    def commit(self) -> None:
+        from kafka.errors import KafkaError
+
+        try:
+            self._consumer.commit()
+        except KafkaError as exc:
+            raise BusError(f"commit failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

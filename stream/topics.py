@@ -1,0 +1,56 @@
+"""Topic names: ``<prefix>.<name>``, prefix ``faultlens`` by default.
+
+Keys are the node name (telemetry) or the job id (job-level streams), so one
+node's events stay ordered in one partition.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PREFIX = "faultlens"
+
+# kind -> topic name suffix (the kinds are the record kinds of stream.schema)
+NAMES = (
+    "gpu",
+    "kernel",
+    "nccl",
+    "steps",
+    "stacks",
+    "jobs",
+    "incidents",
+    "actions",
+    "action-status",
+    "commands",
+    "deadletter",
+)
+TELEMETRY = ("gpu", "kernel", "nccl", "steps", "stacks", "jobs")
+# What the key of each kind's messages is.
+KEY_FIELD = {
+    "gpu": "node",
+    "kernel": "node",
+    "nccl": "node",
+    "steps": "job",
+    "stacks": "job",
+    "jobs": "job",
+    "incidents": "job",
+    "actions": "job",
+    "action-status": "job",
+    "commands": "job",
+    "deadletter": "topic",
+}
+# Partitions created for each topic by `ensure_topics` (a real cluster may differ).
+DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4}
+
+
+def topic(name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Full topic name of a kind, e.g. ``topic("gpu") == "faultlens.gpu"``."""
+    if name not in NAMES:
+        raise ValueError(f"unknown topic name {name!r}; known: {', '.join(NAMES)}")
+    return f"{prefix}.{name}"
+
+
+def kind_of(topic_name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Inverse of `topic`: ``kind_of("faultlens.gpu") == "gpu"``."""
+    head = prefix + "."
+    if not topic_name.startswith(head) or topic_name[len(head):] not in NAMES:
+        raise ValueError(f"{topic_name!r} is not a faultlens topic under prefix {prefix!r}")
+    return topic_name[len(head):]

@@ -1,0 +1,36 @@
+"""Shared fixtures. The broker is real: one embedded Tansu per test session."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faultlens.config import BusConfig
+from faultlens.stream.broker import EmbeddedBroker
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_LOGS = REPO.parent / "shared" / "reference" / "real-logs"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as b:
+        yield b
+
+
+@pytest.fixture
+def bus(broker: EmbeddedBroker) -> BusConfig:
+    """Bus settings on the session broker with a topic prefix of this test's own."""
+    return BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix=f"t{next(_prefixes)}", linger_ms=5)
+
+
+@pytest.fixture(scope="session")
+def real_logs() -> Path:
+    if not REAL_LOGS.is_dir():
+        pytest.fail(f"shared reference logs not found at {REAL_LOGS}")
+    return REAL_LOGS
