@@ -310,6 +310,32 @@ class DeadLetter:
     v: int = SCHEMA_VERSION
 
 
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One piece of diagnostic evidence about a machine, before incidents group it.
+
+    Produced by rules (diagnosis/), detectors and classifiers (models/); not a
+    topic of its own: findings travel inside incidents as evidence. ``action`` is
+    the per-line action vocabulary of ``explain`` (none, restart_job, reset_gpu,
+    evict_node, rollback_code, run_diagnostics, notify).
+    """
+
+    ts: float
+    kind: str  # fault kind, e.g. gpu_lost, ecc_uncorrectable, nvlink, ib_link, fail_slow
+    category: str  # explain vocabulary: gpu_hardware, gpu_memory, nvlink, pcie, network, ...
+    severity: str  # info | warning | critical
+    action: str
+    confidence: float
+    source: str  # kernel | nccl | gpu | steps | stacks | model:<name>
+    rule: str  # the catalog entry or model that produced it
+    text: str  # the raw line, or a sentence with the figures
+    node: str | None = None
+    job: str | None = None
+    gpu: int | None = None
+    rank: int | None = None
+    figures: dict[str, Any] = _dict()
+
+
 RECORDS: dict[str, type] = {
     cls.KIND: cls
     for cls in (
