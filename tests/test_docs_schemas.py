@@ -1,0 +1,20 @@
+"""Every example in docs/schemas.md decodes with the schema module."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from faultlens.stream import schema
+from tests.conftest import REPO
+
+
+def test_every_kind_has_a_decodable_example() -> None:
+    text = (REPO / "docs" / "schemas.md").read_text()
+    examples = dict(re.findall(r"^### (\S+)\n\n```json\n(.*?)\n```", text, flags=re.S | re.M))
+    assert set(examples) == set(schema.RECORDS), "docs/schemas.md must show every record kind"
+    for kind, body in examples.items():
+        record = schema.decode(kind, body.encode())
+        assert orjson.loads(body)["v"] == schema.SCHEMA_VERSION
+        assert type(record).KIND == kind
