@@ -83,6 +83,10 @@ class DiagnosisConfig:
     stack_round_interval_s: float = 10.0
     hang_no_progress_s: float = 600.0
     metrics_port: int = 0
+    webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off
+    webhook_token: str = ""  # sent as "Authorization: Bearer <token>"; secret
+    webhook_timeout_s: float = 5.0
+    webhook_retries: int = 3
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,38 @@ class RunnerConfig:
     hook_command: str = ""  # for the command adapter: argv template
     slurm_requeue: bool = True
     k8s_taint: str = "faultlens.io/faulty=true:NoSchedule"
+    execute: bool = False  # False: every action is only logged; True: dry_run=false actions run
+    diagnostics_command: str = ""  # run_diagnostics: argv template run per node, e.g. "ssh {node} dcgmi diag -r 2"
+    command_timeout_s: float = 120.0
+    max_action_age_s: float = 3600.0  # older actions (a replayed topic) are refused, never executed
+    state_path: str = ""  # ledger of handled action ids, survives restarts; empty: memory only
+    metrics_port: int = 0
+
+
+@dataclass(frozen=True)
+class AdaptationConfig:
+    """The adaptation planner (models/planner.py): adapt around a slow GPU, or evict it.
+
+    Restart costs default to ByteRobust's Table 7: a requeue takes 454 s at 128
+    machines up to 768 s at 1,024 (interpolated on log2 of the machine count);
+    a warm-standby restart is ``warm_standby_speedup`` times faster.
+    """
+
+    horizon_s: float = 1800.0  # expected remaining time of a fail-slow fault
+    spare_nodes: int = 0  # warm standby machines the runner can swap in
+    requeue_s_at_128: float = 454.0
+    requeue_s_at_1024: float = 768.0
+    warm_standby_speedup: float = 10.87
+    reconfigure_s: float = 46.0  # pause to move layers / regroup TP (ByteRobust hot update: 46-65 s)
+    rebalance_s: float = 0.0  # micro-batch shares change at the next iteration
+    allow_tp_shrink: bool = True
+    allow_layer_repartition: bool = True
+    allow_microbatch_rebalance: bool = True
+    min_tp: int = 1  # smallest TP degree the model fits in (memory)
+    min_gain_fraction: float = 0.0  # act only if goodput beats no action by this fraction (hysteresis)
+    evict_tie_fraction: float = 0.005  # evict when within this of the best goodput (fixes the cause)
+    num_layers: int = 0  # 0: unknown, assume 4 per pipeline stage
+    microbatches_per_replica: int = 0  # 0: unknown, assume 4 x pp
 
 
 @dataclass(frozen=True)
@@ -121,6 +157,7 @@ class Config:
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    adaptation: AdaptationConfig = field(default_factory=AdaptationConfig)
     ui: UiConfig = field(default_factory=UiConfig)
 
     def describe(self) -> dict[str, dict[str, Any]]:
