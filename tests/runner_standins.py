@@ -1,0 +1,43 @@
+"""Stand-in executables for runner tests: they record their argv and exit as told.
+
+Written into a tmp dir that goes first on the PATH the runner passes to its
+commands (never this process's PATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+_SCRIPT = """#!{python}
+import json, sys
+with open({record!r}, "a") as f:
+    f.write(json.dumps([{name!r}] + sys.argv[1:]) + "\\n")
+{stdin}sys.stderr.write({stderr!r})
+sys.exit({code})
+"""
+
+
+def write_standin(bindir: Path, name: str, record: Path, *, exit_code: int = 0, stderr: str = "",
+                  stdin_to: Path | None = None) -> Path:
+    """An executable ``bindir/name`` appending its argv (JSON) to ``record``."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    stdin = f"open({str(stdin_to)!r}, 'wb').write(sys.stdin.buffer.read())\n" if stdin_to else ""
+    path = bindir / name
+    path.write_text(_SCRIPT.format(python=sys.executable, record=str(record), name=name, stdin=stdin,
+                                   stderr=stderr, code=exit_code))
+    path.chmod(0o755)
+    return path
+
+
+def env_with(bindir: Path) -> dict[str, str]:
+    """This process's environment with ``bindir`` first on PATH (for the commands only)."""
+    return dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def recorded(record: Path) -> list[list[str]]:
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
