@@ -1,0 +1,333 @@
+"""Kernel log parsing: dmesg, ``dmesg --time-format iso``, syslog/journal, /dev/kmsg.
+
+``KernelParser`` is stateful because kernel records span lines: an indented
+continuation line (a call trace frame, the rest of a multi-line NVRM message)
+belongs to the record above it, so a record is emitted when the next record
+starts (or on ``flush``). Launcher prefixes such as ``[default7]:`` or
+``[rank0]:`` are stripped and kept as the rank. What a record *is* comes from
+collectors/catalogs/kernel_kinds.toml; what it *means* is diagnosis.classify.
+
+The parser is pure text -> records; followers (collectors.follow) deliver lines.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from faultlens.collectors.patterns import CATALOGS, KindTable, load_kind_table
+from faultlens.stream.schema import KernelEvent
+
+LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?\[(?:default|rank|Rank )(\d+)\]:\s?")
+KMSG_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+DECODE_RE = re.compile(r"^([a-z]+)\s*:([a-z]+)\s*: (.*)$")
+ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?(Z|[+-]\d\d:?\d\d)?\s(.*)$")
+BRACKET_RE = re.compile(r"^\[\s*([+-]?)(\d+\.\d+)\]\s?(.*)$")
+CTIME_RE = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(.*)$")
+SYSLOG_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(?:(\S+)\s+)?kernel:\s?(.*)$")
+SYSLOG_ANY_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(\S+)\s+(\S+?)(?:\[\d+\])?:\s?(.*)$")
+HOST_KERNEL_RE = re.compile(r"^(?:(\S+)\s+)?kernel:\s?(.*)$")
+PCI_GPU_RE = re.compile(r"(?:GPU at PCI:|The NVIDIA GPU |GPU )(?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})")
+PCI_ANY_RE = re.compile(r"\b([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\b")
+XID_TAIL_RE = re.compile(r"^,\s*pid=(?P<pid>'?<?[\w]+>?'?)(?:,\s*name=(?P<name>[^,]*))?(?:,\s*(?P<text>.*))?$", re.S)
+RECOVERY_RE = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+) \(([^)]*)\) to (0x[0-9a-fA-F]+) \(([^)]*)\)")
+SXID_SEV_RE = re.compile(r"\b(Non-fatal|Fatal|Non-Fatal|fatal)\b")
+MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
+MAX_RECORD_LINES = 256
+# Lines of a kernel dump (hung task, lockup, oops) that are printed without
+# indentation but belong to the report above them.
+DUMP_CONT_RE = re.compile(r"^(?:Call Trace:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\")")
+
+
+def normalize_pci(bus: str | None) -> str | None:
+    """``00000000:3B:00.0`` / ``0000:3b:00`` -> ``0000:3b:00`` (domain:bus:device, lower case)."""
+    if not bus:
+        return None
+    parts = bus.lower().split(":")
+    if len(parts) < 3:
+        return bus.lower()
+    dom, b, dev = parts[-3], parts[-2], parts[-1].split(".")[0]
+    return f"{dom[-4:].rjust(4, '0')}:{b}:{dev}"
+
+
+@lru_cache(maxsize=1)
+def kernel_kinds() -> KindTable:
+    return load_kind_table(CATALOGS / "kernel_kinds.toml")
+
+
+@dataclass(slots=True)
+class _Head:
+    """What the prefix of one physical line told us."""
+
+    message: str
+    ts: float | None
+    rank: int | None = None
+    host: str | None = None
+    level: str | None = None
+    relative: bool = False
+    continuation: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    head: _Head
+    lines: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+
+class KernelParser:
+    """Lines in, ``KernelEvent`` records out (``feed`` / ``flush``).
+
+    ``boot_time`` converts dmesg's seconds-since-boot and /dev/kmsg's
+    microseconds into unix time (None: leave them relative). ``year`` completes
+    syslog timestamps, which have none. ``gpu_map`` maps a normalised PCI bus
+    (``0000:3b:00``) to the GPU index, from NVML or a config table.
+    """
+
+    def __init__(
+        self,
+        node: str = "",
+        *,
+        boot_time: float | None = None,
+        year: int | None = None,
+        gpu_map: Mapping[str, int] | None = None,
+        tz: dt.tzinfo = dt.UTC,
+    ):
+        self.node = node
+        self.boot_time = boot_time
+        self.year = year or dt.datetime.now(dt.UTC).year
+        self.gpu_map = {normalize_pci(k): v for k, v in (gpu_map or {}).items()}
+        self.tz = tz
+        self.kinds = kernel_kinds()
+        self._pending: _Pending | None = None
+        self._last_ts = 0.0
+        self._last_gpu_pci: str | None = None
+        self.lines = 0
+        self.records = 0
+
+    # ------------------------------------------------------------------ prefixes
+    def _head(self, line: str) -> _Head:
+        rank = None
+        if line.startswith("["):
+            m = LAUNCHER_RE.match(line)
+            if m:
+                rank = int(m.group(1))
+                line = line[m.end():]
+        if not line or line[0] in " \t":
+            return _Head(line.strip(), None, rank, continuation=True)
+        c0 = line[0]
+        if c0 == "[":
+            m = BRACKET_RE.match(line)
+            if m:
+                secs = float(m.group(2))
+                rest = m.group(3)
+                if m.group(1):  # dmesg -H / --reltime: delta from the previous line
+                    return _Head(rest, ts=self._last_ts + secs, rank=rank, relative=True)
+                ts = secs + self.boot_time if self.boot_time is not None else secs
+                return _Head(rest, ts=ts, rank=rank)
+            m = CTIME_RE.match(line)
+            if m:
+                t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
+                return _Head(m.group(2), ts=t.timestamp(), rank=rank)
+        if c0.isdigit():
+            m = KMSG_RE.match(line)
+            if m:
+                usec = int(m.group(3)) / 1e6
+                ts = usec + self.boot_time if self.boot_time is not None else usec
+                level = _KMSG_LEVELS.get(int(m.group(1)) & 7)
+                head = _Head(m.group(4), ts=ts, rank=rank, level=level)
+                return head
+            m = ISO_RE.match(line)
+            if m:
+                ts = _iso_ts(m.group(1), m.group(2), m.group(3), self.tz)
+                rest = m.group(4)
+                hk = HOST_KERNEL_RE.match(rest) if "kernel:" in rest[:80] else None
+                host = None
+                if hk:
+                    host, rest = hk.group(1), hk.group(2)
+                rest = _strip_bracket(rest)
+                return _Head(rest, ts=ts, rank=rank, host=host)
+        if c0.islower() and line[1:7].find(":") >= 0:
+            m = DECODE_RE.match(line)
+            if m and m.group(1) in _FACILITIES:
+                h = self._head(m.group(3))
+                h.level = m.group(2)
+                return h
+        m = SYSLOG_RE.match(line)
+        if m:
+            ts = self._syslog_ts(m)
+            rest = _strip_bracket(m.group(7))
+            return _Head(rest, ts=ts, rank=rank, host=m.group(6))
+        m = HOST_KERNEL_RE.match(line)
+        if m:
+            return _Head(_strip_bracket(m.group(2)), ts=None, rank=rank, host=m.group(1))
+        m = SYSLOG_ANY_RE.match(line) if line[:1].isalpha() else None
+        if m:
+            return _Head(m.group(8), ts=self._syslog_ts(m), rank=rank, host=m.group(6))
+        return _Head(line, None, rank)
+
+    def _syslog_ts(self, m: re.Match[str]) -> float | None:
+        mon = MONTHS.get(m.group(1)[:3].lower())
+        if mon is None:
+            return None  # a localised month name: keep the previous timestamp
+        try:
+            t = dt.datetime(self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
+        except ValueError:
+            return None
+        return t.timestamp()
+
+    # ------------------------------------------------------------------ records
+    def feed(self, line: str) -> list[KernelEvent]:
+        """One physical line; returns the records it completed (usually 0 or 1)."""
+        line = line.rstrip("\r\n")
+        self.lines += 1
+        if not line.strip():
+            return self.flush()
+        head = self._head(line)
+        if head.message[:1] in (" ", "\t"):  # a message that starts indented continues the record above
+            head.continuation = True
+        elif self._pending is not None and head.message[:1] in "CRt<TH\"MF" and DUMP_CONT_RE.match(head.message):
+            head.continuation = True
+        p = self._pending
+        if head.continuation and p is not None and len(p.lines) < MAX_RECORD_LINES:
+            p.lines.append(line)
+            p.messages.append(head.message.strip())
+            return []
+        out = self.flush()
+        if head.ts is None:
+            head.ts = self._last_ts
+        else:
+            self._last_ts = head.ts
+        self._pending = _Pending(head, [line], [head.message.strip()])
+        return out
+
+    def flush(self) -> list[KernelEvent]:
+        p = self._pending
+        if p is None:
+            return []
+        self._pending = None
+        self.records += 1
+        return [self._build(p)]
+
+    def parse(self, lines: Iterable[str]) -> Iterator[KernelEvent]:
+        for line in lines:
+            yield from self.feed(line)
+        yield from self.flush()
+
+    def _build(self, p: _Pending) -> KernelEvent:
+        message = "\n".join(p.messages)
+        head = p.head
+        kind, m = self.kinds.match(message)
+        fields: dict = {}
+        xid = pid = None
+        pci = None
+        if head.host:
+            fields["host"] = head.host
+        if head.level:
+            fields["level"] = head.level
+        if kind == "xid" and m is not None:
+            xid = int(m.group("xid"))
+            pci = normalize_pci(m.group("pci"))
+            tail = XID_TAIL_RE.match(message[m.end():])
+            if tail:
+                pid_s = tail.group("pid").strip("'<>")
+                pid = int(pid_s) if pid_s.isdigit() else None
+                name = (tail.group("name") or "").strip()
+                if name and name != "<unknown>":
+                    fields["process"] = name
+                fields["text"] = (tail.group("text") or "").strip()
+            else:
+                fields["text"] = message[m.end():].lstrip(", ").strip()
+            if xid == 154:
+                r = RECOVERY_RE.search(message)
+                if r:
+                    fields["recovery_from"] = r.group(2)
+                    fields["recovery_action"] = r.group(4)
+        elif kind == "sxid" and m is not None:
+            fields["sxid"] = int(m.group("sxid"))
+            fields["switch_pci"] = m.group("pci").lower()
+            sev = SXID_SEV_RE.search(message)
+            if sev:
+                fields["sxid_severity"] = "fatal" if sev.group(1).lower() == "fatal" else "non-fatal"
+        elif m is not None:
+            gd = m.groupdict()
+            for key in ("pid", "pid2", "pid3"):
+                if gd.get(key):
+                    pid = int(gd[key])
+                    break
+            for key in ("comm", "comm2", "task"):
+                if gd.get(key):
+                    fields["process"] = gd[key]
+                    break
+            if gd.get("pci"):
+                pci = normalize_pci(gd["pci"])
+            for key in ("server", "state", "secs", "cpu"):
+                if gd.get(key):
+                    fields[key] = gd[key]
+        if kind in ("xid", "fell_off_bus", "nvrm_other"):
+            g = PCI_GPU_RE.search(message)
+            if g and pci is None:
+                pci = normalize_pci(g.group(1))
+            if kind == "fell_off_bus" and pci is None:
+                pci = self._last_gpu_pci
+            if pci:
+                self._last_gpu_pci = pci
+        elif pci is None and kind != "other":
+            a = PCI_ANY_RE.search(message)
+            if a:
+                fields["device_pci"] = a.group(1).lower()
+        gpu = self.gpu_map.get(pci) if pci else None
+        return KernelEvent(
+            ts=head.ts if head.ts is not None else self._last_ts,
+            node=self.node,
+            kind=kind,
+            raw="\n".join(p.lines),
+            message=message,
+            xid=xid,
+            pci_bus=pci,
+            gpu=gpu,
+            pid=pid,
+            rank=head.rank,
+            fields=fields,
+        )
+
+
+_KMSG_LEVELS = {0: "emerg", 1: "alert", 2: "crit", 3: "err", 4: "warn", 5: "notice", 6: "info", 7: "debug"}
+_FACILITIES = {"kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp", "local0",
+               "local1", "local2", "local3", "local4", "local5", "local6", "local7"}
+
+
+def _strip_bracket(rest: str) -> str:
+    if rest.startswith("["):
+        m = BRACKET_RE.match(rest)
+        if m:
+            return m.group(3)
+    return rest
+
+
+def _iso_ts(base: str, frac: str | None, tz: str | None, default_tz: dt.tzinfo) -> float:
+    t = dt.datetime.strptime(base.replace(" ", "T"), "%Y-%m-%dT%H:%M:%S")
+    if tz and tz != "Z":
+        sign = 1 if tz[0] == "+" else -1
+        hh, mm = int(tz[1:3]), int(tz[-2:])
+        t = t.replace(tzinfo=dt.timezone(sign * dt.timedelta(hours=hh, minutes=mm)))
+    else:
+        t = t.replace(tzinfo=dt.UTC if tz == "Z" else default_tz)
+    return t.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def parse_journal_entry(entry: Mapping[str, object]) -> str:
+    """A ``journalctl -o json`` object -> one syslog-style line the parser reads."""
+    msg = entry.get("MESSAGE", "")
+    if isinstance(msg, list):  # journald gives non-UTF-8 messages as byte arrays
+        msg = bytes(int(b) for b in msg if isinstance(b, int)).decode("utf-8", "replace")
+    usec = entry.get("__REALTIME_TIMESTAMP")
+    ts = int(str(usec)) / 1e6 if usec else time.time()
+    iso = dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
+    host = entry.get("_HOSTNAME") or "localhost"
+    return f"{iso} {host} kernel: {msg}"
