@@ -2,8 +2,8 @@
 
 A table is an ordered list of ``[[kind]]`` entries: ``name``, ``any`` (substrings,
 at least one must occur) and ``regex``. All substrings of a table are folded into
-one compiled alternation so that a line that cannot match any entry costs a
-single scan; only lines that pass it try the entries' regexes. A bad entry fails
+one compiled case-insensitive prefix-trie regex so that a line that cannot match
+any entry costs a single scan of its lower-cased text; only lines that pass it try the entries' regexes. A bad entry fails
 at load time naming the file and the entry.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class KindTable:
 
     def match(self, text: str) -> tuple[str, re.Match[str] | None]:
         """(kind, match) of the first entry that matches, ``("other", None)`` otherwise."""
-        if self.prefilter.search(text) is None:
+        if self.prefilter.search(text.lower()) is None:
             return "other", None
         for k in self.kinds:
             m = k.search(text)
@@ -77,6 +78,33 @@ def load_kind_table(path: Path) -> KindTable:
         kinds.append(KindPattern(name, tuple(subs), rx))
     if not kinds:
         raise CatalogError("no [[kind]] entries", file=str(path))
-    all_subs = sorted({s for k in kinds for s in k.any}, key=len, reverse=True)
-    prefilter = re.compile("|".join(re.escape(s) for s in all_subs))
-    return KindTable(str(path), tuple(kinds), prefilter)
+    return KindTable(str(path), tuple(kinds), prefilter_regex(s for k in kinds for s in k.any))
+
+
+def prefilter_regex(substrings: Iterable[str]) -> re.Pattern[str]:
+    """One regex that finds any of ``substrings`` in a LOWER-CASED text, cheaply.
+
+    Case is folded (the prefilter may pass more than the entries' own case-sensitive
+    ``any`` lists: they decide next), a substring that contains another is implied by
+    it and left out, and the rest are merged into a prefix trie: Python's ``re`` tries
+    alternatives one by one at every position, so a flat alternation of ~80 literals
+    costs ~3x more than the trie on ordinary lines, which are most lines.
+    """
+    words: list[str] = []
+    for w in sorted({s.lower() for s in substrings}, key=len):
+        if not any(o in w for o in words):
+            words.append(w)
+    trie: dict = {}
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        if "" in node:
+            return ""  # a shorter word ends here: it suffices
+        alts = [re.escape(ch) + build(sub) for ch, sub in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return re.compile(build(trie) if words else r"(?!x)x")

@@ -222,10 +222,22 @@ class ClassifyContext:
         return q
 
 
+_BY_KIND: dict[tuple[int, str], tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+
+
+def _rules_for(rules: tuple[Rule, ...], kind: str) -> tuple[Rule, ...]:
+    """The rules of one kind, in catalog order (indexed once: most lines are of kind `other`)."""
+    key = (id(rules), kind)
+    got = _BY_KIND.get(key)
+    if got is None or got[0] is not rules:  # `is`: an id may be reused by another catalog
+        if len(_BY_KIND) > 4096:
+            _BY_KIND.clear()
+        got = _BY_KIND[key] = (rules, tuple(r for r in rules if kind in r.kinds))
+    return got[1]
+
+
 def _first_rule(rules: tuple[Rule, ...], kind: str, text: str) -> Classification | None:
-    for r in rules:
-        if kind not in r.kinds:
-            continue
+    for r in _rules_for(rules, kind):
         if r.any:
             for sub in r.any:
                 if sub in text:

@@ -70,6 +70,7 @@ class AgentConfig:
     spool_max_bytes: int = 256 * 1024 * 1024
     health_interval_s: float = 30.0
     metrics_port: int = 0  # 0: no /metrics endpoint
+    metrics_host: str = "127.0.0.1"  # the DaemonSet sets 0.0.0.0 so Prometheus can scrape the pod
 
 
 @dataclass(frozen=True)

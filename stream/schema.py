@@ -24,12 +24,14 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints
 
 import orjson
-import pyarrow as pa
 
 from faultlens.errors import SchemaError
+
+if TYPE_CHECKING:  # pyarrow is imported by the Arrow functions only: the agent never loads it
+    import pyarrow as pa
 
 SCHEMA_VERSION = 1
 # Versions this code can read. A message from a newer producer is dead-lettered
@@ -500,6 +502,8 @@ def cloudevent(record: Incident | Action, *, source: str = "/faultlens/diagnosis
 
 
 def _arrow_type(tp: Any) -> pa.DataType:
+    import pyarrow as pa
+
     base, _ = _base_type(tp)
     origin = typing.get_origin(base) or base
     return {
@@ -519,6 +523,8 @@ def _json_columns(cls: type) -> frozenset[str]:
 
 def lake_schema(kind: str) -> pa.Schema:
     """Arrow schema of the lake table for ``kind`` (gpu: one row per GPU)."""
+    import pyarrow as pa
+
     if kind == "gpu":
         head = [pa.field("ts", pa.float64(), False), pa.field("node", pa.string(), False), pa.field("job", pa.string())]
         gpu_fields = [pa.field(name, _arrow_type(tp)) for name, tp in _hints(GpuState).items()]
@@ -555,6 +561,8 @@ def lake_row(record: Any) -> list[dict[str, Any]]:
 
 def gpu_message_schema() -> pa.Schema:
     """Arrow schema of the *wire* GPU sample (nested), for bulk JSON readers."""
+    import pyarrow as pa
+
     gpu_struct = pa.struct([pa.field(name, _arrow_type(tp)) for name, tp in _hints(GpuState).items()])
     return pa.schema(
         [

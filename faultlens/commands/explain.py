@@ -45,6 +45,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
         except OSError as exc:
             print(f"faultlens explain: {name}: {exc}", file=sys.stderr)
             return 1
+        head = b'{"file":' + orjson.dumps(name) + b"," if len(args.files) > 1 else b"{"
+        tails: dict[int, tuple[Any, str, bytes]] = {}
         with fh:
             buf: list[bytes] = []
             last_rule: object = ()
@@ -53,10 +55,13 @@ def run(args: argparse.Namespace, config: Any) -> int:
                 counts[c.category] += 1
                 worst = max(worst, sev_rank[c.severity])
                 if args.json:
-                    obj = e.to_json()
-                    if len(args.files) > 1:
-                        obj = {"file": name, **obj}
-                    buf.append(orjson.dumps(obj) + b"\n")
+                    # the classification part of a line is shared by many lines: serialise it once
+                    tail = tails.get(id(c))
+                    if tail is None or tail[0] is not c or tail[1] != e.source:
+                        tail = tails[id(c)] = (c, e.source, orjson.dumps(
+                            {"source": e.source, "category": c.category, "xid": c.xid, "severity": c.severity,
+                             "action": c.action, "meaning": c.meaning})[1:])
+                    buf.append(b"".join((head, b'"line_no":%d,"text":' % e.line_no, orjson.dumps(e.text), b",", tail[2], b"\n")))
                 else:
                     if args.only_findings and c.category == "none":
                         last_rule = ()

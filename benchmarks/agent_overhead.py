@@ -1,0 +1,166 @@
+"""Benchmark: the node agent's CPU and memory at 1 Hz NVML with 8 GPUs and 1,000 log lines/s.
+
+The agent runs in its own process (a fake 8-GPU NVML backend, kernel + NCCL file
+followers, delivery to an embedded broker). This script appends real-shaped kernel
+and NCCL lines to its logs at the requested rate and reads the agent's CPU time
+(/proc/<pid>/stat utime+stime) over the measured window and its peak RSS (VmHWM).
+Targets: <= 0.5% of one core, <= 60 MB RSS.
+
+    python benchmarks/agent_overhead.py [--quick] [--seconds 45] [--rate 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KERNEL = [
+    "[{t:12.6f}] audit: type=1400 audit({i}:2): apparmor=\"STATUS\" operation=\"profile_replace\" profile=\"unconfined\" name=\"snap.lxd\" pid={p}",
+    "[{t:12.6f}] IPv4: martian source 10.0.3.{p} from 10.0.0.1, on dev eth0",
+    "[{t:12.6f}] docker0: port 1(veth{p}) entered forwarding state",
+    "[{t:12.6f}] perf: interrupt took too long (2503 > 2500), lowering kernel.perf_event_max_sample_rate to 79750",
+]
+NCCL = [
+    "gpu-n1:{p}:{p} [3] NCCL INFO Channel 02/0 : 3[3] -> 4[4] via P2P/IPC/read",
+    "gpu-n1:{p}:{p} [3] NCCL INFO comm 0x55d4c0a0 rank 3 nranks 64 cudaDev 3 nvmlDev 3 busId 3b000 commId 0x1 - Init COMPLETE",
+    "[rank3]:[W1121 10:00:00.000000000 ProcessGroupNCCL.cpp:4561] Warning: barrier() using device under current context",
+]
+SIGNAL = "[{t:12.6f}] NVRM: Xid (PCI:0000:3b:00): 13, pid={p}, name=python, Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address"
+
+
+def child(args: argparse.Namespace) -> None:
+    """The agent process."""
+    import logging
+
+    from faultlens.collectors.agent import Agent
+    from faultlens.config import AgentConfig, BusConfig, Config
+    from faultlens.stream.schema import GpuState
+
+    class EightGpus:
+        def open(self) -> None:
+            pass
+
+        def device_count(self) -> int:
+            return 8
+
+        def read(self) -> list[GpuState]:
+            return [GpuState(index=i, uuid=f"GPU-{i:08x}", pci_bus=f"00000000:{0x19 + i:02X}:00.0", util=97.0, mem_used_mb=71000.0,
+                             temp_c=61.0, power_w=650.0, sm_clock_mhz=1980.0, mem_clock_mhz=2619.0) for i in range(8)]
+
+        def wait_events(self, timeout_s: float) -> list:
+            time.sleep(timeout_s)
+            return []
+
+        def close(self) -> None:
+            pass
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    cfg = Config(bus=BusConfig(bootstrap_servers=args.bootstrap, topic_prefix="bench"),
+                 agent=AgentConfig(spool_dir=args.spool, nvml_interval_s=1.0, health_interval_s=3600))
+    agent = Agent(cfg, bootstrap=args.bootstrap, node="gpu-n1", nvml_backend=EightGpus(), kernel_source=args.kernel,
+                  nccl_glob=args.nccl, sources=("nvml", "kernel", "nccl"), tick_s=args.tick)
+    print("ready", flush=True)
+    rep = agent.run_for(args.seconds)
+    print(json.dumps({"sent": rep["sent"], "spooled": rep["spool"]["records_spooled"],
+                      "kernel_lines": rep["sources"]["kernel"]["lines"], "nccl_lines": rep["sources"]["nccl"]["lines"]}), flush=True)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20 s instead of 45 s")
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--rate", type=float, default=1000.0, help="log lines per second (70%% kernel, 30%% NCCL)")
+    ap.add_argument("--tick", type=float, default=0.5, help="agent loop interval (s)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--spool", help=argparse.SUPPRESS)
+    ap.add_argument("--kernel", help=argparse.SUPPRESS)
+    ap.add_argument("--nccl", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    seconds = args.seconds or (20.0 if args.quick else 45.0)
+    warmup = 5.0
+    from faultlens.stream.broker import EmbeddedBroker
+
+    rnd = random.Random(5)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        kern = Path(tmp) / "kern.log"
+        nccl = Path(tmp) / "nccl-rank3.log"
+        kern.write_text("")
+        nccl.write_text("")
+        cmd = [sys.executable, __file__, "--child", "--bootstrap", broker.bootstrap, "--spool", str(Path(tmp) / "spool"),
+               "--kernel", str(kern), "--nccl", str(nccl), "--seconds", str(seconds + warmup + 2), "--tick", str(args.tick)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready": imports done
+        t_start = time.monotonic()
+        rss_after_import = _status_kb(proc.pid, "VmRSS")
+        written = 0
+        t = 1000.0
+        cpu0 = None
+        measured_from = t_start + warmup
+        period = 0.1
+        next_t = t_start
+        while time.monotonic() < measured_from + seconds:
+            if cpu0 is None and time.monotonic() >= measured_from:
+                cpu0 = _cpu_s(proc.pid)
+                w0 = time.monotonic()
+            n = int(args.rate * period)
+            kl, nl = [], []
+            for _ in range(n):
+                t += 0.001
+                p = rnd.randint(100, 99999)
+                if rnd.random() < 0.7:
+                    tmpl = SIGNAL if rnd.random() < 0.01 else rnd.choice(KERNEL)
+                    kl.append(tmpl.format(t=t, p=p, i=int(t)))
+                else:
+                    nl.append(rnd.choice(NCCL).format(p=p))
+            with open(kern, "a") as f:
+                f.write("\n".join(kl) + "\n")
+            with open(nccl, "a") as f:
+                f.write("\n".join(nl) + "\n")
+            written += n
+            next_t += period
+            time.sleep(max(0.0, next_t - time.monotonic()))
+        cpu1 = _cpu_s(proc.pid)
+        wall = time.monotonic() - w0
+        hwm = _status_kb(proc.pid, "VmHWM")
+        out, _ = proc.communicate(timeout=60)
+    res = json.loads(out.strip().splitlines()[-1])
+    cpu_pct = 100.0 * (cpu1 - cpu0) / wall
+    print(f"{'figure':<40} {'value':>12}")
+    print(f"{'measured window (s)':<40} {wall:>12.1f}")
+    print(f"{'log lines written / s':<40} {written / (time.monotonic() - t_start):>12.0f}")
+    print(f"{'agent CPU (% of one core)':<40} {cpu_pct:>12.2f}   target <= 0.5")
+    print(f"{'agent peak RSS VmHWM (MB)':<40} {hwm / 1024:>12.1f}   target <= 60")
+    print(f"{'agent RSS after imports (MB)':<40} {rss_after_import / 1024:>12.1f}")
+    print(f"{'records sent to Kafka':<40} {res['sent']:>12,}")
+    print(f"{'kernel / nccl lines read':<40} {res['kernel_lines']:>6,} / {res['nccl_lines']:,}")
+    print(json.dumps({"bench": "agent_overhead", "cpu_pct_one_core": round(cpu_pct, 2), "rss_peak_mb": round(hwm / 1024, 1),
+                      "lines_per_s": args.rate, "gpus": 8, "nvml_hz": 1.0, "records_sent": res["sent"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""Followers: deliver new lines of logs as they are written; they never parse.
+
+* ``FileFollower(pattern)`` follows one file or a glob of files: new files are
+  picked up, rotation (the path now names another inode: the old file is read to
+  its end first, then the new one from 0) and truncation (size below our
+  position: restart at 0) are handled, a partial last line waits for its
+  newline, bytes that are not UTF-8 are decoded with replacement and counted.
+  ``state()`` / ``restore()`` carry positions across agent restarts.
+* ``KmsgReader(path)`` reads /dev/kmsg records (``pri,seq,ts_us,flags;message``
+  plus dictionary lines that start with a space), from the device (one record
+  per read, non-blocking) or from a recorded file in that format.
+* ``JournalReader()`` runs ``journalctl -k -f -o json`` and turns each entry
+  into a syslog-style line (collectors.kernel.parse_journal_entry).
+
+Each has ``poll() -> list[str]`` (never blocks) and ``close()``.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from faultlens.collectors.kernel import parse_journal_entry
+from faultlens.errors import NoData, SourceError
+
+READ_CHUNK = 1 << 20
+MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut (counted in long_lines)
+_HAS_MAGIC = re.compile(r"[*?\[]")
+
+
+@dataclass
+class _File:
+    path: str
+    fh: object  # a binary file object
+    inode: int
+    pos: int = 0
+    partial: bytearray = field(default_factory=bytearray)
+
+
+class FileFollower:
+    """Follow a file or glob of files. ``poll()`` returns the complete lines written since.
+
+    ``from_end``: files present at the first poll start at their end (a live
+    agent does not replay history); files that appear later are read from 0.
+    """
+
+    def __init__(self, pattern: str, *, from_end: bool = False, rescan_interval_s: float = 2.0):
+        self.pattern = pattern
+        self.from_end = from_end
+        self.rescan_interval_s = rescan_interval_s
+        self._files: dict[str, _File] = {}
+        self._restored: dict[str, tuple[int, int]] = {}
+        self._last_scan = -1e18
+        self._first = True
+        self.lines = 0
+        self.bytes = 0
+        self.invalid_utf8_lines = 0
+        self.long_lines = 0
+        self.truncations = 0
+        self.rotations = 0
+        self.errors = 0
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ discovery
+    def _paths(self) -> list[str]:
+        if _HAS_MAGIC.search(self.pattern):
+            return sorted(globmod.glob(self.pattern, recursive=True))
+        return [self.pattern] if os.path.exists(self.pattern) else []
+
+    def _open(self, path: str, at_end: bool) -> None:
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - kept open while following
+            st = os.fstat(fh.fileno())
+        except OSError as exc:
+            self._error(f"{path}: {exc}")
+            return
+        if not stat.S_ISREG(st.st_mode):
+            fh.close()
+            return
+        pos = 0
+        saved = self._restored.pop(path, None)
+        if saved is not None and saved[0] == st.st_ino and saved[1] <= st.st_size:
+            pos = saved[1]
+        elif at_end:
+            pos = st.st_size
+        fh.seek(pos)
+        self._files[path] = _File(path, fh, st.st_ino, pos)
+
+    def _error(self, msg: str) -> None:
+        self.errors += 1
+        self.last_error = msg
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(self._files)
+
+    # ------------------------------------------------------------------ reading
+    def poll(self) -> list[str]:
+        """Complete lines appended since the last poll, in file order (per file)."""
+        now = time.monotonic()
+        if now - self._last_scan >= self.rescan_interval_s or self._first:
+            self._last_scan = now
+            for p in self._paths():
+                if p not in self._files:
+                    self._open(p, self.from_end and self._first)
+            self._first = False
+        out: list[str] = []
+        for path in list(self._files):
+            self._poll_file(self._files[path], out)
+        return out
+
+    def _poll_file(self, f: _File, out: list[str]) -> None:
+        try:
+            st = os.stat(f.path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            self._error(f"{f.path}: {exc}")
+            return
+        if st is not None and st.st_ino == f.inode and st.st_size < f.pos:
+            # truncated in place (copytruncate, `> file`): start over
+            self.truncations += 1
+            f.fh.seek(0)
+            f.pos = 0
+            f.partial.clear()
+        self._read(f, out)
+        if st is None or st.st_ino != f.inode:
+            # rotated (renamed away or deleted): the old inode is read to its end above
+            self._emit_partial(f, out)
+            f.fh.close()
+            del self._files[f.path]
+            if st is not None:
+                self.rotations += 1
+                self._open(f.path, at_end=False)
+                nf = self._files.get(f.path)
+                if nf is not None:
+                    self._read(nf, out)
+
+    def _read(self, f: _File, out: list[str]) -> None:
+        while True:
+            try:
+                chunk = f.fh.read(READ_CHUNK)
+            except OSError as exc:
+                self._error(f"{f.path}: {exc}")
+                return
+            if not chunk:
+                return
+            f.pos += len(chunk)
+            self.bytes += len(chunk)
+            if f.partial:
+                chunk = bytes(f.partial) + chunk
+                f.partial.clear()
+            parts = chunk.split(b"\n")
+            tail = parts.pop()
+            for raw in parts:
+                out.append(self._decode(raw))
+            if len(tail) > MAX_LINE_BYTES:
+                self.long_lines += 1
+                out.append(self._decode(tail))
+            elif tail:
+                f.partial += tail
+            if len(chunk) < READ_CHUNK:
+                return
+
+    def _emit_partial(self, f: _File, out: list[str]) -> None:
+        if f.partial:
+            out.append(self._decode(bytes(f.partial)))
+            f.partial.clear()
+
+    def _decode(self, raw: bytes) -> str:
+        self.lines += 1
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.invalid_utf8_lines += 1
+            return raw.decode("utf-8", "replace")
+
+    def flush_partial(self) -> list[str]:
+        """Lines still waiting for their newline (e.g. at shutdown)."""
+        out: list[str] = []
+        for f in self._files.values():
+            self._emit_partial(f, out)
+        return out
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, list[int]]:
+        """path -> [inode, position of the last complete line] (JSON-friendly)."""
+        return {p: [f.inode, f.pos - len(f.partial)] for p, f in self._files.items()}
+
+    def restore(self, state: dict[str, list[int]]) -> None:
+        """Resume from ``state()`` of an earlier run (same inode: continue there)."""
+        self._restored = {p: (int(v[0]), int(v[1])) for p, v in state.items()}
+
+    def close(self) -> None:
+        for f in self._files.values():
+            try:
+                f.fh.close()
+            except OSError:
+                pass
+        self._files.clear()
+
+
+# --------------------------------------------------------------------------- /dev/kmsg
+
+_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+
+
+def _unescape(b: bytes) -> bytes:
+    """/dev/kmsg escapes non-printable bytes as ``\\xNN``."""
+    if b"\\x" not in b:
+        return b
+    return _ESCAPE_RE.sub(lambda m: bytes([int(m.group(1), 16)]), b)
+
+
+class KmsgReader:
+    """/dev/kmsg records as lines ``pri,seq,ts_us,flags;message`` (KernelParser reads them).
+
+    Dictionary lines (`` SUBSYSTEM=pci``, `` DEVICE=+pci:...``) are dropped from the
+    text; a message with an embedded newline becomes a record line plus indented
+    continuation lines. Sequence gaps (records overwritten before we read them,
+    EPIPE from the device) are counted in ``missed``.
+    """
+
+    def __init__(self, path: str = "/dev/kmsg", *, from_end: bool = True):
+        self.path = path
+        self.missed = 0
+        self.records = 0
+        self.invalid_utf8_lines = 0
+        self._last_seq: int | None = None
+        self._fd: int | None = None
+        self._file: FileFollower | None = None
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise NoData(f"{path}: {exc.strerror}") from None
+        if stat.S_ISCHR(st.st_mode):
+            try:
+                self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                raise NoData(f"{path} not readable: {exc.strerror}") from None
+            if from_end:
+                os.lseek(self._fd, 0, os.SEEK_END)
+        else:
+            self._file = FileFollower(path, from_end=from_end)
+            self._pending: list[bytes] = []
+
+    def poll(self) -> list[str]:
+        out: list[str] = []
+        if self._fd is not None:
+            while True:
+                try:
+                    rec = os.read(self._fd, 8192)
+                except BlockingIOError:
+                    break
+                except BrokenPipeError:  # the ring buffer overwrote records we had not read
+                    self.missed += 1
+                    continue
+                except OSError as exc:
+                    raise SourceError(f"{self.path}: {exc.strerror}") from None
+                if not rec:
+                    break
+                lines = rec.rstrip(b"\n").split(b"\n")
+                self._record(lines[0], out)
+        else:
+            assert self._file is not None
+            for line in self._file.poll():
+                if line.startswith(" "):
+                    continue  # dictionary line of the record above
+                self._record(line.encode("utf-8", "surrogateescape"), out)
+        return out
+
+    def _record(self, head: bytes, out: list[str]) -> None:
+        self.records += 1
+        prefix, sep, msg = head.partition(b";")
+        if sep:
+            parts = prefix.split(b",")
+            if len(parts) >= 3 and parts[1].isdigit():
+                seq = int(parts[1])
+                if self._last_seq is not None and seq > self._last_seq + 1:
+                    self.missed += seq - self._last_seq - 1
+                self._last_seq = seq
+        raw = _unescape(head)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.invalid_utf8_lines += 1
+            text = raw.decode("utf-8", "replace")
+        first, *rest = text.split("\n")
+        out.append(first)
+        out.extend(" " + r for r in rest if r)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._file is not None:
+            self._file.close()
+
+
+# --------------------------------------------------------------------------- journalctl
+
+
+class JournalReader:
+    """``journalctl -k -f -o json`` as a subprocess; entries become syslog-style lines."""
+
+    def __init__(self, *, command: list[str] | None = None):
+        exe = shutil.which("journalctl")
+        if command is None and exe is None:
+            raise NoData("journalctl not found")
+        self.command = command or [exe, "-k", "-f", "-o", "json", "-n", "0"]
+        self.bad_entries = 0
+        self._buf = bytearray()
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise NoData(f"cannot run journalctl: {exc}") from None
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def poll(self) -> list[str]:
+        exited = self.proc.poll() is not None  # checked before reading: what it wrote is read below
+        self._drain()
+        out = self._lines()
+        if exited and not out and not self._buf:
+            err = (self.proc.stderr.read() if self.proc.stderr else b"").decode("utf-8", "replace").strip()
+            raise SourceError(f"journalctl exited with {self.proc.returncode}: {err[:300]}")
+        return out
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        while True:
+            try:
+                chunk = os.read(self.proc.stdout.fileno(), READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._buf += chunk
+
+    def _lines(self) -> list[str]:
+        out: list[str] = []
+        if self._buf:
+            *lines, tail = bytes(self._buf).split(b"\n")
+            self._buf = bytearray(tail)
+            for raw in lines:
+                if not raw.strip():
+                    continue
+                try:
+                    entry = json.loads(raw)
+                except ValueError:
+                    self.bad_entries += 1
+                    out.append(raw.decode("utf-8", "replace"))  # kept: the parser files it as "other"
+                    continue
+                if isinstance(entry, dict):
+                    out.append(parse_journal_entry(entry))
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for s in (self.proc.stdout, self.proc.stderr):
+            if s is not None:
+                s.close()

@@ -1,0 +1,396 @@
+"""Delivery that survives broker outages: a bounded on-disk spool in front of the producer.
+
+``Spool`` is a directory of segment files (``seg-000000000001.spool``...) holding
+encoded records as frames ``[u8 kind index][u16 key len][u32 value len][key][value]``,
+and a ``cursor`` file (segment, offset) of the first record not yet delivered.
+Records are appended in order and read back in order; a restarted agent replays
+what its predecessor left.
+
+The bound (``max_bytes``) drops the OLDEST segment when exceeded: the newest
+records describe the fault that is happening now, which is what diagnosis needs
+when the broker returns; the oldest are the most likely to be stale. What is
+dropped is counted (``dropped_records``, ``dropped_bytes``) and reported in the
+agent's health and /metrics.
+
+``Delivery`` owns the producer: records go straight to Kafka while it answers;
+once a send fails (kafka error, failed future, flush timeout) the producer is
+closed (aborting what it still held, so nothing is delivered twice by its
+retries), every record from the first undelivered one on goes to the spool, and
+new records follow them there so order is kept. A fresh producer is tried with
+backoff; on success the spool is drained, oldest first, before new records go
+direct again. Delivery is at-least-once: records of a batch that Kafka took
+before a later record of the same batch failed are spooled too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from faultlens.errors import BusError
+from faultlens.stream.topics import NAMES
+
+log = logging.getLogger(__name__)
+
+_HEAD = struct.Struct(">BHI")
+_KIND_INDEX = {k: i for i, k in enumerate(NAMES)}
+Entry = tuple[str, str | None, bytes]  # (kind, key, value)
+
+
+class Spool:
+    """Bounded, ordered, restart-safe on-disk queue of ``(kind, key, value)`` entries."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, max_bytes: int, segment_bytes: int | None = None):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = int(max_bytes)
+        self.segment_bytes = int(segment_bytes or max(4096, min(8 << 20, self.max_bytes // 8)))
+        self.dropped_records = 0
+        self.dropped_bytes = 0
+        self.spooled_records = 0
+        self.replayed_records = 0
+        self.corrupt_bytes = 0
+        self._lock = threading.Lock()
+        self._segments = sorted(int(p.stem.split("-")[1]) for p in self.dir.glob("seg-*.spool"))
+        self._sizes = {s: self._path(s).stat().st_size for s in self._segments}
+        self._counts: dict[int, int] = {}
+        self._cursor = self._read_cursor()
+        self._writer: Any = None
+
+    def _path(self, seg: int) -> Path:
+        return self.dir / f"seg-{seg:012d}.spool"
+
+    def _read_cursor(self) -> tuple[int, int]:
+        try:
+            seg, off = (self.dir / "cursor").read_text().split()
+            return int(seg), int(off)
+        except (OSError, ValueError):
+            return (self._segments[0], 0) if self._segments else (0, 0)
+
+    def _write_cursor(self) -> None:
+        tmp = self.dir / "cursor.tmp"
+        tmp.write_text(f"{self._cursor[0]} {self._cursor[1]}\n")
+        os.replace(tmp, self.dir / "cursor")
+
+    # ------------------------------------------------------------------ figures
+    @property
+    def bytes(self) -> int:
+        return sum(self._sizes.values()) - (self._cursor[1] if self._cursor[0] in self._sizes else 0)
+
+    def __len__(self) -> int:
+        """Records waiting (counted by reading the segments; for tests and health)."""
+        with self._lock:
+            return sum(1 for _ in self._iter_from(self._cursor))
+
+    def empty(self) -> bool:
+        with self._lock:
+            if not self._segments:
+                return True
+            seg, off = self._cursor
+            return all(s < seg or (s == seg and self._sizes[s] <= off) for s in self._segments)
+
+    # ------------------------------------------------------------------ writing
+    def append(self, entries: list[Entry]) -> None:
+        """Append in order; drop the oldest segments beyond the bound."""
+        if not entries:
+            return
+        with self._lock:
+            buf = bytearray()
+            n = 0
+            for kind, key, value in entries:
+                k = (key or "").encode()[:65535]
+                buf += _HEAD.pack(_KIND_INDEX[kind], len(k), len(value))
+                buf += k
+                buf += value
+                n += 1
+                if len(buf) >= self.segment_bytes:
+                    self._write(bytes(buf), n)
+                    buf.clear()
+                    n = 0
+            if buf:
+                self._write(bytes(buf), n)
+            self.spooled_records += len(entries)
+            self._enforce_bound()
+
+    def _write(self, data: bytes, n: int) -> None:
+        if not self._segments or self._sizes[self._segments[-1]] >= self.segment_bytes:
+            seg = (self._segments[-1] + 1) if self._segments else max(1, self._cursor[0])
+            if self._writer is not None:
+                self._writer.close()
+            self._segments.append(seg)
+            self._sizes[seg] = 0
+            self._writer = open(self._path(seg), "ab")  # noqa: SIM115 - the active segment
+            if len(self._segments) == 1 and self._cursor != (seg, 0):
+                self._cursor = (seg, 0)  # the spool was empty: read from this segment's start
+                self._write_cursor()
+        seg = self._segments[-1]
+        if self._writer is None:
+            self._writer = open(self._path(seg), "ab")  # noqa: SIM115
+        self._writer.write(data)
+        self._writer.flush()
+        self._sizes[seg] += len(data)
+        self._counts[seg] = self._counts.get(seg, 0) + n
+
+    def _enforce_bound(self) -> None:
+        while len(self._segments) > 1 and sum(self._sizes.values()) > self.max_bytes:
+            seg = self._segments.pop(0)
+            start = self._cursor[1] if self._cursor[0] == seg else 0
+            dropped = sum(1 for _ in self._iter_segment(seg, start))
+            self.dropped_records += dropped
+            self.dropped_bytes += self._sizes[seg] - start
+            del self._sizes[seg]
+            self._counts.pop(seg, None)
+            self._path(seg).unlink(missing_ok=True)
+            if self._cursor[0] <= seg:
+                self._cursor = (self._segments[0], 0)
+                self._write_cursor()
+            log.warning("spool over its bound (%d bytes): dropped the oldest segment, %d records", self.max_bytes, dropped)
+
+    # ------------------------------------------------------------------ reading
+    def _iter_segment(self, seg: int, start: int) -> Iterator[tuple[Entry, int]]:
+        """Entries of one segment from ``start``, each with the offset after it."""
+        try:
+            data = self._path(seg).read_bytes()
+        except FileNotFoundError:
+            return
+        off = start
+        while off + _HEAD.size <= len(data):
+            ki, kl, vl = _HEAD.unpack_from(data, off)
+            end = off + _HEAD.size + kl + vl
+            if end > len(data) or ki >= len(NAMES):
+                self.corrupt_bytes += len(data) - off  # a torn write at a crash: the rest is unusable
+                return
+            key = data[off + _HEAD.size: off + _HEAD.size + kl].decode("utf-8", "replace") or None
+            yield (NAMES[ki], key, data[off + _HEAD.size + kl: end]), end
+            off = end
+
+    def _iter_from(self, cursor: tuple[int, int]) -> Iterator[tuple[Entry, int]]:
+        for seg in list(self._segments):
+            if seg < cursor[0]:
+                continue
+            yield from self._iter_segment(seg, cursor[1] if seg == cursor[0] else 0)
+
+    def peek(self, max_records: int) -> tuple[list[Entry], tuple[int, int]]:
+        """Up to ``max_records`` oldest entries and the cursor to ``commit`` once they are delivered."""
+        with self._lock:
+            out: list[Entry] = []
+            cursor = self._cursor
+            for seg in list(self._segments):
+                if seg < cursor[0]:
+                    continue
+                start = cursor[1] if seg == cursor[0] else 0
+                for entry, end in self._iter_segment(seg, start):
+                    out.append(entry)
+                    cursor = (seg, end)
+                    if len(out) >= max_records:
+                        return out, cursor
+                if seg == self._segments[-1]:
+                    break
+                cursor = (seg, self._sizes.get(seg, 0))
+            return out, cursor
+
+    def commit(self, cursor: tuple[int, int], n: int) -> None:
+        """Mark entries up to ``cursor`` delivered; delete fully delivered segments."""
+        with self._lock:
+            if cursor[0] < self._cursor[0]:
+                return  # the bound dropped those segments meanwhile
+            self._cursor = cursor
+            self.replayed_records += n
+            while self._segments and (self._segments[0] < cursor[0] or (
+                    self._segments[0] == cursor[0] and self._sizes[cursor[0]] <= cursor[1] and len(self._segments) > 1)):
+                seg = self._segments.pop(0)
+                self._sizes.pop(seg, None)
+                self._counts.pop(seg, None)
+                self._path(seg).unlink(missing_ok=True)
+            if len(self._segments) == 1 and self._sizes[self._segments[0]] <= cursor[1]:
+                # everything delivered: start the next segment fresh
+                seg = self._segments.pop()
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+                self._sizes.pop(seg, None)
+                self._path(seg).unlink(missing_ok=True)
+                self._cursor = (seg + 1, 0)
+            self._write_cursor()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+
+class Delivery:
+    """Producer plus spool: ``put`` never blocks on the network; ``pump`` moves data.
+
+    ``producer_factory()`` returns a ``stream.bus.Producer`` (or raises BusError);
+    ``pump()`` is called periodically by the agent's loop.
+    """
+
+    def __init__(self, producer_factory: Callable[[], Any], spool: Spool, *, flush_timeout_s: float = 5.0,
+                 batch_records: int = 5000, retry_min_s: float = 0.5, retry_max_s: float = 10.0,
+                 on_sent: Callable[[str, int], None] | None = None, connect_wait_s: float = 0.5):
+        self.factory = producer_factory
+        self.spool = spool
+        self.flush_timeout_s = flush_timeout_s
+        self.batch_records = batch_records
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.on_sent = on_sent
+        self._queue: list[Entry] = []
+        self._qlock = threading.Lock()
+        self._producer: Any = None
+        self._connector: threading.Thread | None = None
+        self._connected: Any = None
+        self.connect_wait_s = connect_wait_s
+        self._down_since: float | None = None
+        self._next_try = 0.0
+        self._backoff = retry_min_s
+        self.sent = 0
+        self.failures = 0
+        self.last_error: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._producer is not None and self._down_since is None
+
+    def put(self, kind: str, key: str | None, value: bytes) -> None:
+        with self._qlock:
+            self._queue.append((kind, key, value))
+
+    def pending(self) -> int:
+        with self._qlock:
+            return len(self._queue)
+
+    def pump(self) -> None:
+        """Deliver what is queued (spool first); on failure, spool it. Never raises."""
+        with self._qlock:
+            batch, self._queue = self._queue, []
+        now = time.monotonic()
+        if self._down_since is not None or not self.spool.empty():
+            self.spool.append(batch)
+            batch = []
+            if now < self._next_try:
+                return
+            if not self._ensure_producer():
+                return
+            while not self.spool.empty():
+                entries, cursor = self.spool.peek(self.batch_records)
+                if not entries:
+                    break
+                done = self._send(entries)
+                if done < len(entries):
+                    self._failed()
+                    return
+                self.spool.commit(cursor, len(entries))
+            log.info("bus reachable again: spool replayed (%d records so far)", self.spool.replayed_records)
+            self._down_since = None
+            self._backoff = self.retry_min_s
+            return
+        if not batch:
+            return
+        if not self._ensure_producer():
+            self.spool.append(batch)
+            return
+        for i in range(0, len(batch), self.batch_records):
+            part = batch[i:i + self.batch_records]
+            done = self._send(part)
+            if done < len(part):
+                self.spool.append(part[done:] + batch[i + self.batch_records:])
+                self._failed()
+                return
+
+    def _ensure_producer(self) -> bool:
+        """True when a producer is ready; otherwise start connecting in the background.
+
+        Connecting (bootstrap, topic check) can take seconds against a dead broker;
+        the agent's loop must go on reading logs meanwhile, so it never waits here.
+        """
+        if self._producer is not None:
+            return True
+        if self._connector is None:
+            self._connected = None
+            self._connector = threading.Thread(target=self._connect, name="faultlens-connect", daemon=True)
+            self._connector.start()
+            self._connector.join(self.connect_wait_s)
+        if self._connector.is_alive():
+            return False
+        self._connector = None
+        got, self._connected = self._connected, None
+        if isinstance(got, Exception):
+            self._note_error(str(got))
+            self._failed()
+            return False
+        self._producer = got
+        return got is not None
+
+    def _connect(self) -> None:
+        try:
+            self._connected = self.factory()
+        except Exception as exc:  # noqa: BLE001 - BusError or whatever kafka raised while bootstrapping
+            self._connected = exc
+
+    def _send(self, entries: list[Entry]) -> int:
+        """Send and flush; how many leading entries are known delivered."""
+        futures = []
+        try:
+            for kind, key, value in entries:
+                futures.append(self._producer.send_raw(kind, key, value))
+            self._producer.flush(self.flush_timeout_s)
+        except BusError as exc:
+            self._note_error(str(exc))
+        except Exception as exc:  # noqa: BLE001 - kafka-python raises several families here
+            self._note_error(f"{type(exc).__name__}: {exc}")
+        done = 0
+        for fut in futures:
+            if fut.is_done and fut.succeeded():
+                done += 1
+            else:
+                if fut.is_done and fut.exception is not None:
+                    self._note_error(str(fut.exception))
+                break
+        if self.on_sent is not None and done:
+            counts: dict[str, int] = {}
+            for kind, _, _ in entries[:done]:
+                counts[kind] = counts.get(kind, 0) + 1
+            for kind, n in counts.items():
+                self.on_sent(kind, n)
+        self.sent += done
+        return done
+
+    def _note_error(self, msg: str) -> None:
+        self.last_error = msg
+
+    def _failed(self) -> None:
+        self.failures += 1
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("bus unreachable (%s): spooling to %s", self.last_error, self.spool.dir)
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout_s=0)
+            except Exception:  # noqa: BLE001 - closing a broken producer must not raise
+                pass
+            self._producer = None
+        self._next_try = time.monotonic() + self._backoff
+        self._backoff = min(self.retry_max_s, self._backoff * 2)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver or spool what is queued, then close the producer and spool."""
+        self.pump()
+        with self._qlock:
+            rest, self._queue = self._queue, []
+        self.spool.append(rest)
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout_s=timeout_s)
+            except Exception:  # noqa: BLE001
+                pass
+            self._producer = None
+        self.spool.close()

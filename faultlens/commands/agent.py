@@ -1,0 +1,72 @@
+"""``faultlens agent``: the node agent (NVML, kernel log, NCCL logs, step timings, stack dumps -> Kafka)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import threading
+from typing import Any
+
+HELP = ("Run the node agent: sample NVML, follow the kernel log (/dev/kmsg, journalctl or a file), NCCL and "
+        "step logs, answer dump_stacks commands with py-spy, and produce everything to Kafka through a bounded "
+        "on-disk spool that survives broker outages. Health per source goes to the log and to /metrics.")
+EXAMPLE = ("faultlens agent --bootstrap-servers kafka:9092 --kernel-log kmsg "
+           "--nccl-glob '/var/log/train/*/nccl*.log' --steps-glob '/var/log/train/*/steps*.jsonl' "
+           "--spool-dir /var/lib/faultlens/spool")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", help="this node's name (default: [agent] node, else the host name)")
+    parser.add_argument("--job", help="job id stamped on GPU samples and framework step lines")
+    parser.add_argument("--kernel-log", metavar="PATH|kmsg|journal|auto",
+                        help="kernel log to follow (default: [agent] kernel_follow)")
+    parser.add_argument("--nccl-glob", metavar="GLOB", help="NCCL / torch.distributed log files to follow")
+    parser.add_argument("--steps-glob", metavar="GLOB", help="StepReporter JSON lines or framework step logs to follow")
+    parser.add_argument("--no-nvml", action="store_true", help="do not run the NVML source")
+    parser.add_argument("--spool-dir", metavar="DIR", help="on-disk spool for broker outages (default: [agent] spool_dir)")
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics on this port (0: off)")
+    parser.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (tests, benchmarks)")
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    import logging
+
+    from faultlens.collectors.agent import Agent
+
+    # kafka-python logs every failed reconnect; the agent reports the bus state itself (health, /metrics)
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+    changes: dict[str, Any] = {}
+    for arg, key in (("spool_dir", "spool_dir"), ("metrics_port", "metrics_port"), ("job", "job"), ("node", "node")):
+        if getattr(args, arg, None) is not None:
+            changes[key] = getattr(args, arg)
+    sources = config.agent.sources
+    if args.no_nvml:
+        sources = tuple(s for s in sources if s != "nvml")
+    changes["sources"] = sources
+    config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, **changes))
+    bootstrap = config.bus.bootstrap_servers or None
+    broker = None
+    if not bootstrap:
+        from faultlens.stream.broker import EmbeddedBroker
+
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+        print(f"faultlens agent: no bootstrap servers configured; embedded broker at {bootstrap}")
+    agent = Agent(config, bootstrap=bootstrap, kernel_source=args.kernel_log, nccl_glob=args.nccl_glob,
+                  steps_glob=args.steps_glob)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.duration_s:
+        timer = threading.Timer(args.duration_s, stop.set)
+        timer.daemon = True
+        timer.start()
+    try:
+        agent.run(stop)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
