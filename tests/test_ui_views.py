@@ -1,0 +1,150 @@
+"""The explorer's queries and chart builders, as plain functions on the scenario lake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from faultlens.ui import charts, labels, views
+from tests.ui_scenario import (
+    CULPRIT,
+    CULPRIT_GPU,
+    FAULT_TS,
+    INCIDENT_ID,
+    JOB,
+    RESUME_TS,
+    XID_LINE,
+    build_lake,
+)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_lake(tmp_path_factory.mktemp("views") / "lake").path
+
+
+@pytest.fixture(scope="module")
+def con(lake: Path):
+    c = views.connect(lake)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def inc(con) -> dict:
+    found = views.incident(con, INCIDENT_ID)
+    assert found is not None
+    return found
+
+
+def test_incident_is_latest_version_with_decoded_fields(inc: dict) -> None:
+    assert inc["updated_ts"] == FAULT_TS + 610 and len(inc["evidence"]) == 4
+    assert views.headline(inc)["culprit"] == f"{CULPRIT} GPU {CULPRIT_GPU}"
+
+
+def test_overview_counts(con, lake: Path) -> None:
+    assert views.open_incidents_by_severity(con) == {"critical": 1, "warning": 0, "info": 0}
+    assert views.actions_summary(con)["dry_run"] == 1
+    health = {r["node"]: r["health"] for r in views.fleet_health(con, lake_path=lake).iter_rows(named=True)}
+    assert health[CULPRIT] == "critical" and health["n001"] == "ok"
+    assert health["n002"] == "critical"  # its double-bit ECC errors are within the last hour
+
+
+def test_ettr_and_downtime_ledger_add_up(con) -> None:
+    e = views.ettr(con, job=JOB).row(0, named=True)
+    ledger, gaps = views.downtime_ledger(con, JOB)
+    assert gaps.height == 1 and gaps["incident"][0] == INCIDENT_ID and gaps["cause"][0] == "gpu_lost"
+    # the gap runs from the last step minute before the fault to the first after the restart
+    assert FAULT_TS - 60 <= gaps["start_ts"][0] <= FAULT_TS + 60 and abs(gaps["end_ts"][0] - RESUME_TS) <= 60
+    assert ledger["lost_s"].sum() + e["productive_s"] == pytest.approx(e["wall_s"])
+    assert 0.7 < e["ettr"] < 0.85
+    rel = views.reliability(con, JOB)
+    assert rel["failures"] == 1 and rel["mttr_s"] == gaps["lost_s"][0]
+
+
+def test_evidence_timeline_has_cited_lines_and_context(con, inc: dict) -> None:
+    t = views.evidence_timeline(con, inc)
+    assert t["ts"].is_sorted()
+    cited = t.filter(pl.col("evidence"))
+    assert XID_LINE in cited["text"].to_list() and cited.height == 4
+    # context: the culprit node's own watchdog line, not cited by diagnosis
+    assert t.filter(~pl.col("evidence") & (pl.col("node") == CULPRIT) & (pl.col("source") == "nccl")).height == 1
+
+
+def test_topology_grid_marks_culprit_rank_and_evicted_node(con, inc: dict) -> None:
+    grid = views.topology_grid(con, inc)
+    assert grid.height == 32 and grid["column"].n_unique() == 16 and grid["pp"].n_unique() == 2
+    states = dict(zip(grid["rank"].to_list(), grid["state"].to_list(), strict=True))
+    assert states[21] == "suspect"  # n003 GPU 5 before the restart
+    assert {r for r, s in states.items() if s == "evicted"} == set(range(16, 24)) - {21}
+    assert grid.filter(pl.col("state") == "healthy")["node"].unique().sort().to_list() == ["n001", "n002", "n004"]
+
+
+def test_stack_groups_put_the_outlier_first(con, inc: dict) -> None:
+    groups = views.stack_groups(con, inc)
+    assert groups["count"].to_list() == [1, 31]
+    assert groups["ranks"][0] == "21" and groups["group"][0].startswith("synchronize")
+
+
+def test_step_prediction_explains_workload(con, inc: dict) -> None:
+    per_step, per_rank = views.step_prediction(con, JOB, onset_ts=inc["opened_ts"])
+    assert per_step.height > 100
+    # the workload explains the step time: residuals are small next to the spread of step times
+    assert per_step["residual_s"].abs().median() < 0.1 * per_step["observed_s"].std() + 0.05
+    assert per_rank.height == 10
+
+
+def test_huber_fit_ignores_outliers() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 100, size=(400, 3))
+    y = 2.0 + x @ np.array([0.5, 0.1, 0.02])
+    y[:20] += 50  # slow steps must not bend the fit
+    b = views._huber_fit(x, y)
+    assert b == pytest.approx([2.0, 0.5, 0.1, 0.02], abs=0.05)
+
+
+def test_machine_views(con) -> None:
+    cells = views.gpu_heatmap(con, CULPRIT, "sm_clock_mhz_min")
+    assert cells["gpu"].n_unique() == 8 and cells.height <= views.MAX_CHART_ROWS
+    lost = cells.filter((pl.col("gpu") == CULPRIT_GPU) & (pl.col("time").dt.epoch("s") >= FAULT_TS))
+    assert lost["value"].max() == 0.0
+    assert views.kernel_events(con, CULPRIT)["xid"].to_list() == [None, 79]
+    assert views.node_incidents(con, CULPRIT)["id"].to_list() == [INCIDENT_ID]
+    with pytest.raises(ValueError, match="unknown metric"):
+        views.gpu_heatmap(con, CULPRIT, "nope")
+
+
+def test_report_figures(con) -> None:
+    assert views.xid_histogram(con).rows() == [(79, 1, 1)]
+    rma = views.rma_candidates(con).row(0, named=True)
+    assert (rma["node"], rma["gpu"], rma["ecc_dbe"], rma["reason"]) == ("n002", 3, 2, "repeated double-bit ECC errors")
+    assert views.failing_machines(con)["node"][0] == CULPRIT
+
+
+def test_chart_builders_make_valid_specs(con, inc: dict) -> None:
+    topo = charts.topology_chart(views.topology_grid(con, inc)).to_dict()
+    colours = topo["layer"][0]["encoding"]["color"]["scale"]
+    assert colours["domain"] == ["suspect", "evicted", "healthy"] and colours["range"][0] == "#d62728"
+    step = charts.step_time_chart(views.step_prediction(con, JOB, onset_ts=inc["opened_ts"])[0]).to_dict()
+    assert len(step["vconcat"]) == 2
+    heat = charts.gpu_heatmap_chart(views.gpu_heatmap(con, CULPRIT, "temp_c_max"), title="t").to_dict()
+    assert heat["mark"]["type"] == "rect" and heat["encoding"]["y"]["field"] == "gpu"
+    ev = charts.evidence_chart(views.evidence_timeline(con, inc)).to_dict()
+    assert ev["encoding"]["x"]["type"] == "temporal"
+    for chart in (charts.severity_bar({"critical": 1, "warning": 0, "info": 0}), charts.ettr_bar(views.ettr(con)),
+                  charts.downtime_chart(views.downtime_ledger(con, JOB)[0]), charts.xid_chart(views.xid_histogram(con))):
+        spec = chart.to_dict()
+        assert spec["mark"]["type"] == "bar"
+
+
+def test_label_rows_validate(inc: dict, tmp_path: Path) -> None:
+    row = labels.label_row(inc, verdict="confirmed", author="bob")
+    assert (row["kind"], row["category"], row["nodes"]) == ("gpu_lost", "gpu_hardware", f'["{CULPRIT}"]')
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        labels.label_row(inc, verdict="corrected", kind="gremlins")
+    with pytest.raises(ValueError, match="verdict"):
+        labels.label_row(inc, verdict="maybe")

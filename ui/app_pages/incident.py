@@ -1,0 +1,64 @@
+"""Incident: culprit and reason first, then evidence, suspects, topology, stacks, step time, actions."""
+
+import streamlit as st
+
+from faultlens.ui import charts, state, views
+
+con = state.connection()
+choices = views.incident_choices(con)
+if not choices:
+    st.info("No incident in this lake yet.")
+    st.stop()
+ids = list(choices)
+wanted = st.query_params.get("id")
+chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=choices.get)
+st.query_params["id"] = chosen
+inc = views.incident(con, chosen)
+head = views.headline(inc)
+
+st.title(f"Culprit: {head['culprit']}")
+st.error(f"**Why:** {head['reason']}")
+st.markdown(f"**{inc['title']}** — {head['what']} · status **{inc['status']}** · job `{inc['job']}` · "
+            f"opened {state.fmt_ts(inc['opened_ts'])}")
+if inc.get("summary"):
+    st.write(inc["summary"])
+
+st.subheader("Actions and runner status")
+acts = views.actions(con, incident_id=chosen)
+if acts.is_empty():
+    st.write("No action for this incident.")
+else:
+    st.dataframe(acts.select("type", "nodes", "status", "adapter", "detail", "dry_run", "confidence", "reason"),
+                 hide_index=True, width="stretch")
+
+st.subheader("Suspects")
+st.dataframe(views.suspects(inc), hide_index=True, width="stretch")
+
+st.subheader("Evidence")
+timeline = views.evidence_timeline(con, inc)
+st.altair_chart(charts.evidence_chart(timeline), width="stretch")
+st.dataframe(timeline.drop("ts"), hide_index=True, width="stretch",
+             column_config={"text": st.column_config.TextColumn("raw line", width="large")})
+if inc.get("muted"):
+    st.caption("Muted as symptoms: " + "; ".join(f"{m.get('item')} (by {m.get('by_rule')})" for m in inc["muted"]))
+
+grid = views.topology_grid(con, inc)
+if not grid.is_empty():
+    st.subheader("Topology")
+    st.altair_chart(charts.topology_chart(grid), width="content")
+
+stacks = views.stack_groups(con, inc)
+if not stacks.is_empty():
+    st.subheader("Stack groups (smallest first: the outliers)")
+    st.dataframe(stacks, hide_index=True, width="stretch")
+
+per_step, per_rank = views.step_prediction(con, inc["job"], onset_ts=float(inc["opened_ts"]))
+if not per_step.is_empty():
+    st.subheader("Step time")
+    st.altair_chart(charts.step_time_chart(per_step), width="stretch")
+    st.caption("Predicted by a robust linear fit of step time on the workload (sum of lengths, their squares, "
+               "sequence count) over the steps before the incident. Ranks with the largest residual since:")
+    st.dataframe(per_rank, hide_index=True, width="stretch")
+
+st.page_link("app_pages/machine.py", label=f"Machine page of {head['node']}", query_params={"node": head["node"]},
+             icon="🖥️", disabled=not head["node"])

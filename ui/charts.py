@@ -1,0 +1,161 @@
+"""Altair chart builders: a frame from ui.views in, a chart out.
+
+Plain functions with no Streamlit import, so tests check the Vega-Lite spec
+(``chart.to_dict()``) directly. Views already aggregate to at most
+``views.MAX_CHART_ROWS`` rows, the limit Altair embeds without complaint.
+Colours say the same thing everywhere: red is the culprit, orange what the
+runner evicts, grey the healthy rest.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+STATE_COLOURS = {"suspect": "#d62728", "evicted": "#ff7f0e", "healthy": "#d9d9d9"}
+SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
+SOURCE_ORDER = ["kernel", "gpu", "nccl", "steps", "stacks"]
+
+
+def severity_bar(counts: dict[str, int]) -> alt.Chart:
+    """Open incidents per severity."""
+    frame = pl.DataFrame({"severity": list(counts), "incidents": list(counts.values())})
+    return (
+        alt.Chart(frame, title="Open incidents")
+        .mark_bar()
+        .encode(
+            x=alt.X("incidents:Q", title="open incidents"),
+            y=alt.Y("severity:N", sort=list(SEVERITY_COLOURS), title=None),
+            color=alt.Color("severity:N", scale=alt.Scale(domain=list(SEVERITY_COLOURS),
+                                                          range=list(SEVERITY_COLOURS.values())), legend=None),
+            tooltip=["severity", "incidents"],
+        )
+        .properties(height=90)
+    )
+
+
+def ettr_bar(frame: pl.DataFrame) -> alt.Chart:
+    """Effective training time ratio per job (views.ettr)."""
+    return (
+        alt.Chart(frame.select("job", "ettr", "productive_s", "wall_s"), title="Effective training time ratio")
+        .mark_bar()
+        .encode(
+            x=alt.X("ettr:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%"), title="ETTR"),
+            y=alt.Y("job:N", title=None),
+            color=alt.condition(alt.datum.ettr < 0.9, alt.value("#ff7f0e"), alt.value("#2ca02c")),
+            tooltip=["job", alt.Tooltip("ettr:Q", format=".1%"), "productive_s", "wall_s"],
+        )
+        .properties(height=alt.Step(24))
+    )
+
+
+def evidence_chart(frame: pl.DataFrame) -> alt.Chart:
+    """Evidence and context lines on one time axis, a lane per source (views.evidence_timeline)."""
+    data = frame.select("time", "source", "node", "evidence", "text").with_columns(
+        pl.col("text").str.slice(0, 160),
+        pl.when(pl.col("evidence")).then(pl.lit("cited by diagnosis")).otherwise(pl.lit("context")).alias("kind"),
+    )
+    return (
+        alt.Chart(data, title="Evidence timeline")
+        .mark_point(filled=True, size=120)
+        .encode(
+            x=alt.X("time:T", title=None),
+            y=alt.Y("source:N", sort=SOURCE_ORDER, title=None),
+            color=alt.Color("kind:N", scale=alt.Scale(domain=["cited by diagnosis", "context"],
+                                                      range=["#d62728", "#7f7f7f"]), title=None),
+            shape=alt.Shape("node:N"),
+            tooltip=["time:T", "source", "node", "text"],
+        )
+        .properties(height=160)
+    )
+
+
+def topology_chart(frame: pl.DataFrame) -> alt.LayerChart:
+    """Ranks as a grid: tp x dp across, pp down; suspects red, evicted orange (views.topology_grid)."""
+    base = alt.Chart(frame, title="Job topology (tp x dp across, pipeline stage down)").encode(
+        x=alt.X("column:O", title="data-parallel replica x tensor-parallel rank", axis=alt.Axis(labels=False, ticks=False)),
+        y=alt.Y("pp:O", title="pipeline stage"),
+    )
+    cells = base.mark_rect(stroke="white", strokeWidth=1).encode(
+        color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values())),
+                        title=None),
+        tooltip=["rank", "node", "gpu", "tp", "pp", "dp", "cp", "state"],
+    )
+    width = int(frame["column"].max() + 1) if frame.height else 1
+    labels = base.mark_text(fontSize=9 if width <= 64 else 0).encode(text="rank:Q")
+    return (cells + labels).properties(height=alt.Step(28), width=alt.Step(max(6, min(28, 900 // width))))
+
+
+def step_time_chart(frame: pl.DataFrame) -> alt.VConcatChart:
+    """Observed (slowest rank) vs predicted step time, and the residual below (views.step_prediction)."""
+    long = frame.unpivot(index=["time", "step"], on=["observed_s", "predicted_s"], variable_name="series",
+                         value_name="seconds")
+    lines = (
+        alt.Chart(long, title="Step time: observed vs predicted from the workload")
+        .mark_line(point=False)
+        .encode(
+            x=alt.X("time:T", title=None),
+            y=alt.Y("seconds:Q", title="step time (s)"),
+            color=alt.Color("series:N", scale=alt.Scale(domain=["observed_s", "predicted_s"],
+                                                        range=["#d62728", "#1f77b4"]), title=None),
+            tooltip=["step", "series", alt.Tooltip("seconds:Q", format=".3f")],
+        )
+        .properties(height=180)
+    )
+    residual = (
+        alt.Chart(frame.select("time", "step", "residual_s"))
+        .mark_bar()
+        .encode(
+            x=alt.X("time:T", title=None),
+            y=alt.Y("residual_s:Q", title="residual (s)"),
+            color=alt.condition(alt.datum.residual_s > 0, alt.value("#d62728"), alt.value("#1f77b4")),
+            tooltip=["step", alt.Tooltip("residual_s:Q", format=".3f")],
+        )
+        .properties(height=90)
+    )
+    return alt.vconcat(lines, residual)
+
+
+def gpu_heatmap_chart(frame: pl.DataFrame, *, title: str) -> alt.Chart:
+    """GPU x time heatmap of one counter (views.gpu_heatmap); a counter that stayed 0 is uniformly pale."""
+    peak = frame["value"].max() if frame.height else None
+    domain = [0, 1] if not peak else alt.Undefined
+    return (
+        alt.Chart(frame, title=title)
+        .mark_rect()
+        .encode(
+            x=alt.X("time:T", title=None),
+            x2="end:T",
+            y=alt.Y("gpu:O", title="GPU"),
+            color=alt.Color("value:Q", scale=alt.Scale(scheme="inferno", reverse=True, domain=domain), title=None),
+            tooltip=["time:T", "gpu", alt.Tooltip("value:Q", format=".1f")],
+        )
+        .properties(height=alt.Step(14))
+    )
+
+
+def downtime_chart(ledger: pl.DataFrame) -> alt.Chart:
+    """Time lost per cause (views.downtime_ledger)."""
+    data = ledger.with_columns((pl.col("lost_s") / 3600).alias("lost_h"))
+    return (
+        alt.Chart(data, title="Time lost per cause")
+        .mark_bar()
+        .encode(
+            x=alt.X("lost_h:Q", title="hours lost"),
+            y=alt.Y("cause:N", sort="-x", title=None),
+            tooltip=["cause", alt.Tooltip("lost_h:Q", format=".2f"), "incidents"],
+        )
+    )
+
+
+def xid_chart(frame: pl.DataFrame) -> alt.Chart:
+    """Xid events per code (views.xid_histogram)."""
+    return (
+        alt.Chart(frame, title="Xid events")
+        .mark_bar()
+        .encode(
+            x=alt.X("xid:O", title="Xid"),
+            y=alt.Y("events:Q", title="events"),
+            tooltip=["xid", "events", "nodes"],
+        )
+    )

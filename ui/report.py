@@ -1,0 +1,292 @@
+"""The batch root-cause report of one job and time range: HTML (self-contained) or Markdown.
+
+Every figure comes from ui.views, the same queries the explorer runs. The HTML
+embeds its charts as inline SVG drawn here (no JavaScript, no stylesheet or font
+fetched from anywhere), so the file opens offline, in a ticket or a mail
+attachment. The Markdown form carries the same tables for chat and tickets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from faultlens.ui import views
+
+SECTIONS = (
+    ("summary", "Summary"),
+    ("root-causes", "Root cause per incident"),
+    ("downtime", "Downtime ledger"),
+    ("xids", "Xid histogram"),
+    ("machines", "Top failing machines"),
+    ("rma", "RMA candidates"),
+)
+
+
+def _ts(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return dt.datetime.fromtimestamp(float(value), dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def parse_time(value: str | float | None) -> float | None:
+    """ISO 8601 (naive = UTC) or unix seconds -> unix seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def collect(lake_path: str | Path, job: str, since: float | None = None, until: float | None = None) -> dict[str, Any]:
+    """Every figure of the report, as plain data (the renderers only format it)."""
+    con = views.connect(lake_path)
+    try:
+        nodes = views.job_nodes(con, job) or None
+        ledger, gaps = views.downtime_ledger(con, job, since=since, until=until)
+        lost_by_incident = {
+            r["incident"]: r["lost_s"] for r in gaps.group_by("incident").agg(pl.col("lost_s").sum()).iter_rows(named=True)
+        }
+        label_rows = views.labels(con)
+        latest_label = {}
+        for r in label_rows.iter_rows(named=True):  # newest first
+            latest_label.setdefault(r["incident_id"], r)
+        incidents = []
+        for row in views.incidents(con, job=job, since=since, until=until).sort("opened_ts").iter_rows(named=True):
+            inc = views.incident(con, row["id"])
+            acts = views.actions(con, incident_id=row["id"])
+            incidents.append({
+                "id": row["id"], "opened_ts": row["opened_ts"], "severity": row["severity"], "status": row["status"],
+                "kind": row["kind"], "category": row["category"], "title": row["title"],
+                "confidence": row["confidence"], "headline": views.headline(inc),
+                "evidence": [str(e.get("text", "")) for e in inc.get("evidence", [])[:3]],
+                "actions": [f"{a['type']} {a['nodes']}".strip() + f" ({a['status']})" for a in acts.iter_rows(named=True)],
+                "lost_s": lost_by_incident.get(row["id"]), "label": latest_label.get(row["id"]),
+            })
+        return {
+            "job": job, "since": since, "until": until, "generated": dt.datetime.now(dt.UTC).timestamp(),
+            "reliability": views.reliability(con, job, since=since, until=until),
+            "incidents": incidents, "ledger": ledger, "gaps": gaps,
+            "xids": views.xid_histogram(con, nodes=nodes, since=since, until=until),
+            "machines": views.failing_machines(con, job=job, since=since, until=until),
+            "rma": views.rma_candidates(con, job=job, since=since, until=until),
+        }
+    finally:
+        con.close()
+
+
+def render_report(
+    lake_path: str | Path, job: str, since: str | float | None = None, until: str | float | None = None,
+    fmt: str = "html",
+) -> str:
+    """The report of ``job`` over [since, until) as HTML or Markdown text."""
+    if fmt not in ("html", "md"):
+        raise ValueError(f"fmt must be 'html' or 'md', not {fmt!r}")
+    data = collect(lake_path, job, parse_time(since), parse_time(until))
+    return render_html(data) if fmt == "html" else render_markdown(data)
+
+
+# --------------------------------------------------------------------------- SVG
+
+
+def svg_bars(labels: list[str], values: list[float], *, title: str, unit: str = "", colour: str = "#d62728") -> str:
+    """A horizontal bar chart as inline SVG (no script, no external reference)."""
+    if not values:
+        return f'<p class="empty">{html.escape(title)}: nothing in this range.</p>'
+    bar_h, gap, label_w, chart_w = 18, 6, 190, 420
+    top = 24
+    height = top + len(values) * (bar_h + gap) + 4
+    peak = max(max(values), 1e-9)
+    parts = [
+        f'<svg role="img" width="{label_w + chart_w + 90}" height="{height}" '
+        f'viewBox="0 0 {label_w + chart_w + 90} {height}" font-family="sans-serif" font-size="12">',
+        f'<title>{html.escape(title)}</title>',
+        f'<text x="0" y="14" font-weight="bold">{html.escape(title)}</text>',
+    ]
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+        y = top + i * (bar_h + gap)
+        w = max(1.0, chart_w * float(value) / peak)
+        parts += [
+            f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{html.escape(str(label))}</text>',
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colour}"/>',
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 13}">{html.escape(_num(value))}{html.escape(unit)}</text>',
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _num(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{margin-bottom:0}.sub{color:#666;margin-top:.2em}
+table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:14px}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.kpi{display:inline-block;margin:0 2em 1em 0}.kpi b{display:block;font-size:1.6em}
+.incident{border-left:5px solid #d62728;padding:.3em 1em;margin:1em 0;background:#fafafa}
+.incident.warning{border-color:#ff7f0e}.incident.info{border-color:#1f77b4}
+code{font-size:12px;white-space:pre-wrap;word-break:break-all}.empty{color:#666}
+"""
+
+
+def _table(frame: pl.DataFrame, columns: list[str] | None = None) -> str:
+    if frame.is_empty():
+        return '<p class="empty">None in this range.</p>'
+    columns = columns or frame.columns
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    rows = []
+    for r in frame.select(columns).iter_rows():
+        cells = "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r)
+        rows.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
+    return str(value)
+
+
+def _ledger_frame(data: dict[str, Any]) -> pl.DataFrame:
+    return data["ledger"].with_columns(
+        pl.col("lost_s").map_elements(_dur, return_dtype=pl.String).alias("time lost"),
+        (pl.col("share") * 100).round(1).alias("% of wall-clock"),
+    ).select("cause", "time lost", "incidents", "% of wall-clock")
+
+
+def render_html(data: dict[str, Any]) -> str:
+    rel = data["reliability"]
+    window = f"{_ts(data['since'])} – {_ts(data['until'])}" if data["since"] or data["until"] else "whole job"
+    out = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>faultlens report: {html.escape(data['job'])}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Root-cause report: job {html.escape(data['job'])}</h1>",
+        f"<p class='sub'>{html.escape(window)} · generated {_ts(data['generated'])} by faultlens</p>",
+        "<h2 id='summary'>Summary</h2><div>",
+    ]
+    kpis = [
+        ("ETTR", f"{rel['ettr']:.1%}" if rel["ettr"] is not None else "-"),
+        ("wall-clock", _dur(rel["wall_s"])),
+        ("failures", str(rel["failures"])),
+        ("MTBF", _dur(rel["mtbf_s"])),
+        ("MTTR", _dur(rel["mttr_s"])),
+        ("incidents", str(len(data["incidents"]))),
+    ]
+    out += [f"<div class='kpi'>{html.escape(k)}<b>{html.escape(v)}</b></div>" for k, v in kpis]
+    out.append("</div><p>ETTR: productive step time / wall-clock. MTBF: wall-clock / critical incidents. "
+               "MTTR: mean gap in step progress attributed to an incident.</p>")
+    out.append("<h2 id='root-causes'>Root cause per incident</h2>")
+    if not data["incidents"]:
+        out.append("<p class='empty'>No incident in this range.</p>")
+    for inc in data["incidents"]:
+        head = inc["headline"]
+        label = inc["label"]
+        cause = (f"{label['kind']} ({label['verdict']} by {label['author'] or 'someone'})" if label
+                 else f"{inc['kind']} (diagnosed, {inc['confidence']:.0%})")
+        ev = "".join(f"<li><code>{html.escape(t)}</code></li>" for t in inc["evidence"])
+        out.append(
+            f"<div class='incident {html.escape(inc['severity'])}'>"
+            f"<h3>{html.escape(inc['title'])}</h3>"
+            f"<p><b>Culprit:</b> {html.escape(head['culprit'])} · <b>why:</b> {html.escape(head['reason'])}</p>"
+            f"<p><b>Root cause:</b> {html.escape(cause)} · {html.escape(inc['category'])} · "
+            f"{html.escape(inc['severity'])} · opened {_ts(inc['opened_ts'])} · status {html.escape(inc['status'])} · "
+            f"time lost {_dur(inc['lost_s'])}</p>"
+            f"<p><b>Actions:</b> {html.escape('; '.join(inc['actions']) or 'none')}</p>"
+            f"<p><b>Evidence:</b></p><ul>{ev}</ul><p class='sub'>{html.escape(inc['id'])}</p></div>"
+        )
+    ledger = data["ledger"]
+    out.append("<h2 id='downtime'>Downtime ledger</h2>")
+    out.append(svg_bars(ledger["cause"].to_list(), [v / 3600 for v in ledger["lost_s"].to_list()],
+                        title="Hours lost per cause", unit=" h"))
+    out.append(_table(_ledger_frame(data)))
+    xids = data["xids"]
+    out.append("<h2 id='xids'>Xid histogram</h2>")
+    out.append(svg_bars([f"Xid {x}" for x in xids["xid"].to_list()], [float(v) for v in xids["events"].to_list()],
+                        title="Xid events per code", colour="#1f77b4"))
+    out.append(_table(xids))
+    out.append("<h2 id='machines'>Top failing machines</h2>")
+    out.append(_table(data["machines"]))
+    out.append("<h2 id='rma'>RMA candidates</h2>")
+    out.append("<p>GPUs with a row-remap failure, or at least two double-bit ECC errors in the range.</p>")
+    out.append(_table(data["rma"]))
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _md_table(frame: pl.DataFrame) -> str:
+    if frame.is_empty():
+        return "_None in this range._\n"
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    for r in frame.iter_rows():
+        lines.append("| " + " | ".join(_cell(v).replace("|", "\\|") for v in r) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    rel = data["reliability"]
+    out = [
+        f"# Root-cause report: job {data['job']}",
+        "",
+        f"_{_ts(data['since'])} – {_ts(data['until'])}_" if data["since"] or data["until"] else "_whole job_",
+        "",
+        "## Summary",
+        "",
+        f"- **ETTR** {rel['ettr']:.1%}" if rel["ettr"] is not None else "- **ETTR** -",
+        f"- **wall-clock** {_dur(rel['wall_s'])}, **failures** {rel['failures']}, "
+        f"**MTBF** {_dur(rel['mtbf_s'])}, **MTTR** {_dur(rel['mttr_s'])}",
+        "",
+        "## Root cause per incident",
+        "",
+    ]
+    if not data["incidents"]:
+        out.append("_No incident in this range._")
+    for inc in data["incidents"]:
+        head = inc["headline"]
+        label = inc["label"]
+        cause = f"{label['kind']} ({label['verdict']})" if label else f"{inc['kind']} (diagnosed, {inc['confidence']:.0%})"
+        out += [
+            f"### [{inc['severity']}] {inc['title']}",
+            f"- **Culprit:** {head['culprit']} — {head['reason']}",
+            f"- **Root cause:** {cause}; opened {_ts(inc['opened_ts'])}; time lost {_dur(inc['lost_s'])}",
+            f"- **Actions:** {'; '.join(inc['actions']) or 'none'}",
+            *(f"- `{t}`" for t in inc["evidence"]),
+            "",
+        ]
+    out += ["## Downtime ledger", "", _md_table(_ledger_frame(data)), "## Xid histogram", "", _md_table(data["xids"]),
+            "## Top failing machines", "", _md_table(data["machines"]), "## RMA candidates", "", _md_table(data["rma"])]
+    return "\n".join(out)
