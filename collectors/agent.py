@@ -15,6 +15,7 @@ step line that does not decode).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -115,6 +116,7 @@ class Agent:
         sources: tuple[str, ...] | None = None,
         tick_s: float = 0.25,
         from_end: bool = True,
+        clock: Callable[[], float] = time.time,
     ):
         ac = config.agent
         self.config = config
@@ -123,6 +125,9 @@ class Agent:
         self.job = ac.job or None
         self.sources = tuple(sources if sources is not None else ac.sources)
         self.tick_s = tick_s
+        # Timestamps of records the agent makes itself (samples, lines without a
+        # time of their own); the simulator passes its accelerated clock.
+        self.clock = clock
         self.from_end = from_end
         self.kernel_source = kernel_source or ac.kernel_follow
         self.nccl_glob = nccl_glob if nccl_glob is not None else ac.nccl_glob
@@ -166,6 +171,8 @@ class Agent:
     def emit(self, record: Any) -> None:
         """Queue one record for delivery (keyed as stream.topics says)."""
         kind = type(record).KIND
+        if kind in ("kernel", "nccl") and record.ts <= 0:
+            record = dataclasses.replace(record, ts=self.clock())
         self.delivery.put(kind, getattr(record, topics.KEY_FIELD[kind], None), schema.encode(record))
 
     def _say_once(self, key: str, level: int, msg: str, *args: Any) -> None:
@@ -372,7 +379,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - a backend bug must not stop the other sources
             self._set_state("nvml", "error", f"{type(exc).__name__}: {exc}")
             return
-        self.emit(GpuSample(time.time(), self.node, gpus, self.job))
+        self.emit(GpuSample(self.clock(), self.node, gpus, self.job))
         lost = [g.index for g in gpus if g.lost]
         self._set_state("nvml", "ok", f"{len(gpus)} GPUs" + (f", lost: {lost}" if lost else ""))
         self._success("nvml", records=1)
@@ -420,7 +427,7 @@ class Agent:
                 self._say_once(f"{name}.parse.{type(exc).__name__}", logging.WARNING, "%s: a line did not parse (%s): %r",
                                name, exc, line[:200])
                 cls = KernelEvent if name == "kernel" else NcclEvent
-                recs = [cls(ts=time.time(), node=self.node, kind="unparsed", raw=line, message=line,
+                recs = [cls(ts=self.clock(), node=self.node, kind="unparsed", raw=line, message=line,
                             fields={"parse_error": f"{type(exc).__name__}: {exc}"[:300]})]
             for r in recs:
                 self.emit(r)
@@ -443,7 +450,7 @@ class Agent:
                 except (orjson.JSONDecodeError, SchemaError) as exc:
                     self._parse_failure("steps")
                     reason = exc.reason if isinstance(exc, SchemaError) else "malformed_json"
-                    self.emit(DeadLetter(time.time(), topics.topic("steps", self.config.bus.topic_prefix), -1, -1, reason,
+                    self.emit(DeadLetter(self.clock(), topics.topic("steps", self.config.bus.topic_prefix), -1, -1, reason,
                                          str(exc)[:300], self.node, s[:10000], len(s)))
                     continue
                 self.emit(rec)
@@ -463,7 +470,7 @@ class Agent:
         if dur is None or step is None:
             return None  # a line without a step time (DeepSpeed lr lines...) is not a timing
         loss = f.get("lm_loss", f.get("loss"))
-        return StepTiming(ts=time.time(), job=self.job or "", rank=0, node=self.node, step=int(step), duration_s=float(dur),
+        return StepTiming(ts=self.clock(), job=self.job or "", rank=0, node=self.node, step=int(step), duration_s=float(dur),
                           loss=float(loss) if isinstance(loss, (int, float)) else None,
                           grad_norm=float(f["grad_norm"]) if isinstance(f.get("grad_norm"), (int, float)) else None)
 
@@ -542,9 +549,9 @@ class Agent:
         try:
             dumps = self.stacks_provider(cmd.job, self.node, cmd.id)
         except Exception as exc:  # noqa: BLE001 - report it, as a dump with an error
-            dumps = [StackDump(time.time(), cmd.job, self.node, None, None, "", cmd.id, f"stack collection failed: {exc}")]
+            dumps = [StackDump(self.clock(), cmd.job, self.node, None, None, "", cmd.id, f"stack collection failed: {exc}")]
         if not dumps:
-            dumps = [StackDump(time.time(), cmd.job, self.node, None, None, "", cmd.id,
+            dumps = [StackDump(self.clock(), cmd.job, self.node, None, None, "", cmd.id,
                                f"no training process of job {cmd.job} found on {self.node}")]
         for d in dumps:
             self.emit(d)

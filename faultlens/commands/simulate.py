@@ -1,10 +1,9 @@
 """``faultlens simulate``: write simulated training runs with injected faults and ground truth.
 
-Subcommands: ``scenario`` (one batch directory with truth.json) and ``suite``
-(many scenarios plus index.json). Live streaming into Kafka is driven by the
-lead's code on top of ``faultlens.datasets.scenario.LiveWriter`` /
-``Scenario.events`` and ``datasets.nvml_sim.SimulatedNvml`` (hook:
-``LIVE_HOOK`` below names the entry point a ``live`` subcommand will call).
+Subcommands: ``scenario`` (one batch directory with truth.json), ``suite``
+(many scenarios plus index.json) and ``live`` (stream into Kafka in accelerated
+time through the real agent code, one agent per virtual node:
+``faultlens.datasets.live.LiveCluster``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from typing import Any
 
 HELP = "simulated training cluster with fault injection and ground truth (batch directories, suites)"
 EXAMPLE = ("faultlens simulate scenario --fault gpu_lost --nodes 4 --duration 600 --seed 1 --out runs/gpu_lost\n"
-           "  faultlens simulate suite --n 200 --seed 7 --out runs/suite")
-LIVE_HOOK = "faultlens.datasets.scenario:LiveWriter"
+           "  faultlens simulate suite --n 200 --seed 7 --out runs/suite\n"
+           "  faultlens simulate live --nodes 16 --speed 20 --workdir demo-run/sim")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     su.add_argument("--min-nodes", type=int, default=2)
     su.add_argument("--max-nodes", type=int, default=32)
     su.add_argument("--out", required=True)
+
+    lv = sub.add_parser("live", help="stream scenarios into Kafka in accelerated time through the real agent",
+                        description="Play the demo's fault sequence (or one fault) on a virtual cluster: one real "
+                                    "agent per node follows the simulated logs and NVML, producing to Kafka.",
+                        epilog="example:\n  faultlens simulate live --nodes 16 --speed 20 --workdir demo-run/sim",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lv.add_argument("--nodes", type=int, default=16)
+    lv.add_argument("--speed", type=float, default=20.0, help="simulated seconds per real second")
+    lv.add_argument("--segment", type=float, default=300.0, help="simulated seconds per fault segment")
+    lv.add_argument("--onset", type=float, default=90.0, help="fault onset, seconds into each segment")
+    lv.add_argument("--fault", action="append", default=[], choices=SCENARIO_KINDS,
+                    help="fault kinds to play in order (repeatable; default: the demo sequence)")
+    lv.add_argument("--seed", type=int, default=7)
+    lv.add_argument("--workdir", required=True, help="where the virtual nodes' log files and spools go")
 
 
 def _scenario(args: argparse.Namespace) -> int:
@@ -116,10 +129,40 @@ def _suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live(args: argparse.Namespace, config: Any) -> int:
+    import signal
+    import threading
+
+    from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_segments
+    from faultlens.stream.bus import ensure_topics
+
+    bootstrap = config.bus.bootstrap_servers or None
+    if not bootstrap:
+        print("faultlens simulate live: no Kafka configured (--bootstrap-servers or FAULTLENS_BOOTSTRAP)")
+        return 2
+    ensure_topics(config.bus)
+    faults = DEMO_FAULTS if not args.fault else tuple((k, i * 5 + 3, None) for i, k in enumerate(args.fault))
+    segments = demo_segments(args.nodes, segment_s=args.segment, onset_s=args.onset, seed=args.seed, faults=faults)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def announce(scenario: Any) -> None:
+        f = scenario.spec.faults[0]
+        print(f"segment {scenario.spec.name}: job {scenario.cluster.job}, {f.kind} on {f.node} "
+              f"at +{f.onset_s:.0f}s (simulated)", flush=True)
+
+    LiveCluster(config, bootstrap=bootstrap, workdir=args.workdir, speed=args.speed, on_segment=announce).run(
+        segments, stop)
+    return 0
+
+
 def run(args: argparse.Namespace, config: Any) -> int:
+    if args.sim_command == "live":
+        return _live(args, config)
     if args.sim_command == "scenario":
         return _scenario(args)
     if args.sim_command == "suite":
         return _suite(args)
-    print("faultlens simulate: choose a subcommand: scenario | suite (see --help)")
+    print("faultlens simulate: choose a subcommand: scenario | suite | live (see --help)")
     return 2
