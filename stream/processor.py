@@ -1,0 +1,584 @@
+"""The stream processor: Kafka topics -> Parquet lake, every row exactly once.
+
+One ``StreamProcessor`` is one member of a consumer group over the telemetry
+topics (and incidents, actions, action-status, commands, so the explorer finds
+them in the lake). Instances of one group split the partitions.
+
+Exactly once, without Kafka transactions:
+
+1. Messages are decoded to Arrow as they arrive and buffered per topic
+   partition, remembering the first and last offset of each buffer.
+2. A flush (every ``flush_interval_s`` or ``flush_rows`` rows) writes each
+   buffer's tables as files named ``<kind>-p<partition>-o<first>-<last>-<commit>``
+   (temporary file, fsync, rename), then the commit's manifest rows: first a
+   Parquet file in ``<lake>/_manifest/`` (atomic: the commit point), then the
+   catalog DuckDB file. A file is part of the lake once the manifest names it.
+3. When partitions are assigned (start, rebalance, reconnect) the processor
+   syncs the catalog from the lake's manifest, deletes every file of those
+   partitions that no manifest names (what a crash left between 2's writes),
+   and seeks each partition to its last committed offset + 1.
+
+A crash at any instant thus leaves either a committed range (kept, skipped on
+restart) or uncommitted files (deleted, re-read on restart).
+
+Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
+table (exactly once, like any row) and are sent to the deadletter topic
+(at least once: a crash after the send and before the commit sends again).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from faultlens.config import Config
+from faultlens.errors import BusError, LakeError, SchemaError
+from faultlens.stream import catalog as catalog_mod
+from faultlens.stream import schema, topics
+from faultlens.stream.lake import LakeWriter, table_name
+
+log = logging.getLogger(__name__)
+
+# What the processor consumes: telemetry plus the diagnosis outputs the UI shows.
+# Not the deadletter topic: dead letters reach the lake straight from here.
+CONSUMED_KINDS = (*topics.TELEMETRY, "incidents", "actions", "action-status", "commands")
+DEADLETTER_PAYLOAD_MAX = 64 * 1024  # bytes of an oversized message kept in the lake
+
+
+def _have_c_crc32c() -> bool:
+    try:
+        import crc32c  # noqa: F401 - kafka-python uses it when present
+    except ImportError:
+        return False
+    return True
+
+
+# kafka-python checks record-batch CRC32C in pure Python unless the `crc32c`
+# package is installed: ~1 ms per 4 KB message, 20x the rest of the work. Without
+# it we leave the check to TCP and the broker (documented in stream/README.md).
+CHECK_CRCS = _have_c_crc32c()
+
+# <kind>-p<partition>-o<first>-<last>-<commit>[-h<hour>].parquet
+PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<first>\d+)-(?P<last>\d+)-(?P<commit>[0-9a-f]+)(?:-h\d+)?\.parquet$")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _gpu_struct_defaults() -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: f.default for f in dataclasses.fields(schema.GpuState) if f.default is not dataclasses.MISSING}
+
+
+_GPU_WIRE = schema.gpu_message_schema()
+_GPU_LAKE = schema.lake_schema("gpu")
+_GPU_DEFAULTS = _gpu_struct_defaults()
+_JSON_PARSE = pajson.ParseOptions(explicit_schema=_GPU_WIRE, unexpected_field_behavior="ignore")
+_JSON_READ = pajson.ReadOptions(block_size=4 << 20, use_threads=True)
+_READABLE = pa.array(sorted(schema.READABLE_VERSIONS), pa.int64())
+
+
+def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
+    """Many GPU messages -> gpu lake rows in one Arrow parse; None if any message is bad.
+
+    The caller then decodes one by one to find and dead-letter the bad ones.
+    """
+    if not values:
+        return _GPU_LAKE.empty_table()
+    try:
+        wire = pajson.read_json(pa.BufferReader(b"\n".join(values)), read_options=_JSON_READ, parse_options=_JSON_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    if wire.num_rows != len(values):  # a message with a raw newline, or an empty one
+        return None
+    v, ts, node = wire.column("v"), wire.column("ts"), wire.column("node")
+    if ts.null_count or node.null_count or not pc.all(pc.is_in(v, value_set=_READABLE)).as_py():
+        return None
+    gpus = wire.column("gpus").combine_chunks()
+    if gpus.null_count:
+        gpus = pc.fill_null(gpus, pa.scalar([], gpus.type))
+    flat = pc.list_flatten(gpus)
+    if flat.null_count or flat.field("index").null_count:
+        return None
+    parents = pc.list_parent_indices(gpus)
+    cols: dict[str, Any] = {
+        "ts": pc.take(ts, parents),
+        "node": pc.take(node, parents),
+        "job": pc.take(wire.column("job"), parents),
+    }
+    for i, f in enumerate(flat.type):
+        col = flat.field(i)
+        name = "gpu" if f.name == "index" else f.name
+        if col.null_count and f.name in _GPU_DEFAULTS:
+            col = pc.fill_null(col, pa.scalar(_GPU_DEFAULTS[f.name], col.type))
+        cols[name] = col
+    return pa.table([cols[n] for n in _GPU_LAKE.names], schema=_GPU_LAKE)
+
+
+def _dead_letter(kind_topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, err: SchemaError) -> schema.DeadLetter:
+    raw = value or b""
+    kept = raw[:DEADLETTER_PAYLOAD_MAX]
+    return schema.DeadLetter(
+        ts=time.time(),
+        topic=kind_topic,
+        partition=partition,
+        offset=offset,
+        reason=err.reason,
+        detail=(err.detail + (f" (payload truncated to {len(kept)} bytes)" if len(kept) < len(raw) else ""))[:2000],
+        key=key.decode("utf-8", "backslashreplace") if key else None,
+        payload=kept.decode("utf-8", "backslashreplace"),
+        size=len(raw),
+    )
+
+
+def decode_one(kind: str, value: bytes | None) -> list[dict[str, Any]]:
+    """One message -> its lake rows; raises SchemaError with the dead-letter reason."""
+    if not value:
+        raise SchemaError("empty_message", kind=kind)
+    return schema.lake_row(schema.decode(kind, value))
+
+
+@dataclass
+class Decoded:
+    """What one topic-partition batch of messages became."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # lake table -> rows
+    dead: list[schema.DeadLetter] = field(default_factory=list)
+
+
+def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) -> Decoded:
+    """Consumer records (``.offset .key .value``) of one topic partition -> lake tables + dead letters."""
+    out = Decoded()
+    good = records
+    if kind == "gpu":
+        limit = schema.MAX_MESSAGE_BYTES
+        if any(r.value is None or len(r.value) > limit for r in records):
+            good = [r for r in records if r.value is not None and len(r.value) <= limit]
+            for r in records:
+                if r.value is None or len(r.value) > limit:
+                    try:
+                        decode_one(kind, r.value)
+                    except SchemaError as err:
+                        out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
+        table = decode_gpu_batch([r.value for r in good])
+        if table is not None:
+            out.tables["gpu"] = table
+            return out
+    rows: list[dict[str, Any]] = []
+    for r in good:
+        try:
+            rows.extend(decode_one(kind, r.value))
+        except SchemaError as err:
+            out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
+        except (ValueError, TypeError) as exc:  # anything the schema module did not foresee
+            out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, SchemaError("undecodable", kind=kind, detail=repr(exc))))
+    if rows:
+        out.tables[table_name(kind)] = pa.Table.from_pylist(rows, schema=schema.lake_schema(kind))
+    return out
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class ProcessorStats:
+    """Counters of one processor; mirrored to Prometheus when a registry is given.
+
+    No process-wide registry: pass ``prometheus_client.CollectorRegistry()``.
+    """
+
+    def __init__(self, registry: Any = None):
+        self.messages: Counter[str] = Counter()  # kind -> messages consumed
+        self.rows: Counter[str] = Counter()  # lake table -> rows committed
+        self.dead_letters: Counter[str] = Counter()  # reason -> messages
+        self.lag: dict[tuple[str, int], int] = {}
+        self.commits = 0
+        self.orphans_deleted = 0
+        self.started = time.monotonic()
+        self.assigned_at: float | None = None  # monotonic time of the first partition assignment
+        self.last_commit_at: float | None = None
+        self._prom = None
+        if registry is not None:
+            from prometheus_client import Counter as PCounter
+            from prometheus_client import Gauge
+
+            self._prom = {
+                "messages": PCounter("faultlens_stream_messages", "messages consumed", ["kind"], registry=registry),
+                "rows": PCounter("faultlens_stream_rows", "rows committed to the lake", ["table"], registry=registry),
+                "dead": PCounter("faultlens_stream_dead_letters", "undecodable messages", ["reason"], registry=registry),
+                "commits": PCounter("faultlens_stream_commits", "lake commits", registry=registry),
+                "lag": Gauge("faultlens_stream_consumer_lag", "messages behind the log end", ["topic", "partition"], registry=registry),
+            }
+
+    def consumed(self, kind: str, n: int) -> None:
+        self.messages[kind] += n
+        if self._prom:
+            self._prom["messages"].labels(kind).inc(n)
+
+    def committed(self, rows: dict[str, int], dead: Counter[str]) -> None:
+        self.commits += 1
+        self.last_commit_at = time.monotonic()
+        self.rows.update(rows)
+        self.dead_letters.update(dead)
+        if self._prom:
+            self._prom["commits"].inc()
+            for t, n in rows.items():
+                self._prom["rows"].labels(t).inc(n)
+            for r, n in dead.items():
+                self._prom["dead"].labels(r).inc(n)
+
+    def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
+        self.lag = lag
+        if self._prom:
+            for (t, p), n in lag.items():
+                self._prom["lag"].labels(t, str(p)).set(n)
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "messages": dict(self.messages),
+            "rows": dict(self.rows),
+            "dead_letters": dict(self.dead_letters),
+            "lag": self.total_lag,
+            "commits": self.commits,
+            "orphans_deleted": self.orphans_deleted,
+            "uptime_s": round(time.monotonic() - self.started, 1),
+        }
+
+
+# --------------------------------------------------------------------------- the processor
+
+
+@dataclass
+class _Pending:
+    kind: str
+    first: int
+    last: int
+    decoding: list[Future[Decoded]] = field(default_factory=list)
+    messages: int = 0
+
+
+class StreamProcessor:
+    """Consumes the faultlens topics into the lake. ``run()`` until ``stop()``.
+
+    >>> proc = StreamProcessor(load_config(), lake_path="lake", catalog_path="catalog.duckdb")  # doctest: +SKIP
+    >>> proc.run(exit_when_idle_s=5)                                                           # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        bootstrap: str | None = None,
+        lake_path: str | None = None,
+        catalog_path: str | None = None,
+        group_id: str | None = None,
+        kinds: Iterable[str] = CONSUMED_KINDS,
+        flush_interval_s: float | None = None,
+        flush_rows: int | None = None,
+        rollups: bool = True,
+        registry: Any = None,
+        consumer_overrides: dict[str, Any] | None = None,
+    ):
+        self.config = config
+        self.bus = config.bus
+        self.bootstrap = bootstrap or config.bus.bootstrap_servers
+        self.lake = LakeWriter(lake_path or config.lake.path)
+        self.catalog = catalog_mod.Catalog(catalog_path or config.lake.catalog_path, self.lake.root)
+        self.group_id = group_id or config.lake.group_id
+        self.kinds = tuple(kinds)
+        self.flush_interval_s = config.lake.flush_interval_s if flush_interval_s is None else flush_interval_s
+        self.flush_rows = config.lake.flush_rows if flush_rows is None else flush_rows
+        self.rollups = rollups
+        self.stats = ProcessorStats(registry)
+        self.consumer_overrides = consumer_overrides or {}
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending_rows = 0
+        self._stop = threading.Event()
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="faultlens-decode")
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._assigned: set[tuple[str, int]] = set()
+        self._ever_assigned = False
+        # kafka-python 3 calls the rebalance listener on its IO thread, concurrently
+        # with this loop: the lock orders callbacks against adding and flushing, and
+        # the expected next offset per partition drops records delivered twice
+        # (fetched before a rebalance's seek, then fetched again after it).
+        self._lock = threading.RLock()
+        self._next_offset: dict[tuple[str, int], int | None] = {}
+        self._fatal: BaseException | None = None
+        self.last_message_at = time.monotonic()
+
+    # -- lifecycle
+
+    def stop(self) -> None:
+        """Ask ``run`` to flush and return (thread- and signal-safe)."""
+        self._stop.set()
+
+    def _connect(self) -> None:
+        from kafka import ConsumerRebalanceListener
+
+        from faultlens.stream.bus import Consumer, Producer, ensure_topics
+
+        ensure_topics(self.bus, self.bootstrap)
+        if not CHECK_CRCS:
+            log.info("no C crc32c module: record-batch CRC checks are off (pip install crc32c turns them on)")
+        overrides = {"check_crcs": CHECK_CRCS, "max_poll_records": 50_000, "fetch_min_bytes": 1 << 20, "fetch_max_wait_ms": 100}
+        overrides.update(self.consumer_overrides)
+        self._consumer = Consumer(self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap, **overrides)
+        proc = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                proc._on_revoked(revoked)
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                proc._on_assigned(assigned)
+
+        self._consumer.raw.subscribe(self._consumer.topics, listener=Listener())
+        self._producer = Producer(self.bus, self.bootstrap)
+
+    def close(self) -> None:
+        for closer in (self._consumer, self._producer):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask it
+                    log.warning("closing %s: %s", type(closer).__name__, exc)
+        self._consumer = self._producer = None
+        self._decoder.shutdown(wait=True, cancel_futures=True)
+        self.catalog.close()
+
+    def run(
+        self,
+        *,
+        exit_when_idle_s: float | None = None,
+        max_runtime_s: float | None = None,
+        on_progress: Callable[[ProcessorStats], None] | None = None,
+        poll_timeout_ms: int = 200,
+    ) -> ProcessorStats:
+        """Consume until ``stop()``, or idle for ``exit_when_idle_s`` after the first assignment."""
+        from kafka.errors import KafkaError
+
+        self._connect()
+        start = time.monotonic()
+        last_flush = last_lag = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    batch = self._consumer.raw.poll(timeout_ms=poll_timeout_ms, max_records=50_000)
+                except KafkaError as exc:  # the broker went away: keep trying, kafka-python reconnects
+                    log.warning("poll failed (%s); retrying", exc)
+                    time.sleep(0.5)
+                    continue
+                if self._fatal is not None:
+                    raise LakeError(f"cannot continue safely: {self._fatal}") from self._fatal
+                now = time.monotonic()
+                with self._lock:
+                    if batch:
+                        self.last_message_at = now
+                        for tp, records in batch.items():
+                            self._add(tp.topic, tp.partition, records)
+                    age = now - last_flush
+                    # Flush on size, on age, or when caught up (an empty poll): waiting
+                    # longer then would only delay the rows, not make bigger files.
+                    caught_up = not batch and age >= min(0.5, self.flush_interval_s)
+                    if self._pending and (self._pending_rows >= self.flush_rows or age >= self.flush_interval_s or caught_up):
+                        self.flush()
+                        last_flush = now
+                    elif not self._pending:
+                        last_flush = now
+                if now - last_lag >= 2.0:
+                    self._update_lag()
+                    last_lag = now
+                    if on_progress:
+                        on_progress(self.stats)
+                if exit_when_idle_s is not None and self._ever_assigned and not self._pending and now - self.last_message_at >= exit_when_idle_s:
+                    break
+                if max_runtime_s is not None and now - start >= max_runtime_s:
+                    break
+            with self._lock:
+                self.flush()
+        finally:
+            self.close()
+        return self.stats
+
+    # -- consuming
+
+    def _add(self, topic: str, partition: int, records: list[Any]) -> None:
+        key = (topic, partition)
+        if key not in self._assigned:
+            return  # fetched before a rebalance took the partition away
+        expected = self._next_offset.get(key)
+        if expected is not None and records[0].offset < expected:
+            records = [r for r in records if r.offset >= expected]
+            if not records:
+                return
+        self._next_offset[key] = records[-1].offset + 1
+        kind = topics.kind_of(topic, self.bus.topic_prefix)
+        self.stats.consumed(kind, len(records))
+        p = self._pending.get((topic, partition))
+        if p is None:
+            p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
+        p.last = records[-1].offset
+        # Decoding runs on a worker thread: Arrow releases the GIL, so it overlaps
+        # kafka-python's record parsing in this thread (2 cores: ~2x the rate).
+        p.decoding.append(self._decoder.submit(decode_batch, kind, topic, partition, records))
+        p.messages += len(records)
+        self._pending_rows += len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
+
+    def _send_dead(self, dead: list[schema.DeadLetter]) -> None:
+        for d in dead:
+            log.warning("dead letter %s[%d]@%d: %s %s", d.topic, d.partition, d.offset, d.reason, d.detail[:200])
+            try:
+                self._producer.send(d)
+            except BusError as exc:
+                log.warning("could not send the dead letter to the bus (it is kept in the lake): %s", exc)
+
+    def flush(self, *, confirm_dead_letters: bool = True) -> None:
+        """Write every pending buffer and commit it (files, then the manifest)."""
+        if not self._pending:
+            return
+        commit_id = f"{time.time_ns():x}{uuid.uuid4().hex[:8]}"
+        manifest: list[dict[str, Any]] = []
+        rows: Counter[str] = Counter()
+        dead: Counter[str] = Counter()
+        for (topic, partition), p in self._pending.items():
+            stem = f"{p.kind}-p{partition}-o{p.first}-{p.last}-{commit_id}"
+            parts: dict[str, list[pa.Table]] = {}
+            dead_letters: list[schema.DeadLetter] = []
+            for fut in p.decoding:
+                decoded = fut.result()
+                for t, table in decoded.tables.items():
+                    parts.setdefault(t, []).append(table)
+                dead_letters.extend(decoded.dead)
+            tables = {t: pa.concat_tables(ps) if len(ps) > 1 else ps[0] for t, ps in parts.items()}
+            if dead_letters:
+                self._send_dead(dead_letters)
+                tables["deadletter"] = pa.Table.from_pylist(
+                    [row for d in dead_letters for row in schema.lake_row(d)], schema=schema.lake_schema("deadletter")
+                )
+                dead.update(d.reason for d in dead_letters)
+            if self.rollups and "gpu" in tables and tables["gpu"].num_rows:
+                tables["gpu_1m"] = catalog_mod.gpu_rollup_partial(tables["gpu"])
+            if self.rollups and "steps" in tables and tables["steps"].num_rows:
+                tables["steps_1m"] = catalog_mod.steps_rollup_partial(tables["steps"])
+            base = {"kind": p.kind, "topic": topic, "partition": partition, "first_offset": p.first, "last_offset": p.last}
+            files = 0
+            for t, data in tables.items():
+                for path, n in self.lake.write_table_counted(t, data, stem=stem):
+                    manifest.append({**base, "lake_table": t, "file": self.lake.relative(path), "rows": n})
+                    rows[t] += n
+                    files += 1
+            if not files:  # the range had no rows (all empty): still record that it was consumed
+                manifest.append({**base, "lake_table": None, "file": None, "rows": 0})
+        if dead and confirm_dead_letters and self._producer is not None:
+            try:
+                self._producer.flush(timeout_s=10)
+            except BusError as exc:
+                log.warning("dead letters not confirmed by the bus (kept in the lake): %s", exc)
+        self.catalog.commit(commit_id, manifest)
+        self.stats.committed(dict(rows), dead)
+        self._pending.clear()
+        self._pending_rows = 0
+
+    # -- rebalancing
+
+    def _on_revoked(self, revoked: Any) -> None:
+        log.info("partitions revoked: %d", len(revoked))
+        with self._lock:
+            try:
+                self.flush(confirm_dead_letters=False)  # on the IO thread: no blocking bus calls
+            except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
+                log.exception("flushing before a rebalance failed")
+                self._fatal = exc
+            for tp in revoked:
+                self._assigned.discard((tp.topic, tp.partition))
+                self._next_offset.pop((tp.topic, tp.partition), None)
+
+    def _on_assigned(self, assigned: Any) -> None:
+        # Runs on kafka-python's IO thread: local work only (files, DuckDB, seek),
+        # no blocking consumer calls.
+        with self._lock:
+            self._prepare_assigned(assigned)
+
+    def _prepare_assigned(self, assigned: Any) -> None:
+        try:
+            self.flush(confirm_dead_letters=False)  # nothing should be pending; be sure
+            owned = {(topics.kind_of(tp.topic, self.bus.topic_prefix), tp.partition) for tp in assigned}
+            self.catalog.sync_from_lake()
+            self.stats.orphans_deleted += self.delete_orphans(owned)
+            positions = self.catalog.next_offsets()
+            consumer = self._consumer.raw
+            for tp in assigned:
+                pos = positions.get((tp.topic, tp.partition))
+                if pos is None:
+                    consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, pos)
+                self._next_offset[(tp.topic, tp.partition)] = pos
+                self._assigned.add((tp.topic, tp.partition))
+            self._ever_assigned = True
+            if self.stats.assigned_at is None:
+                self.stats.assigned_at = time.monotonic()
+            log.info("partitions assigned: %d", len(assigned))
+        except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
+            log.exception("preparing assigned partitions failed")
+            self._fatal = exc
+
+    def delete_orphans(self, owned: set[tuple[str, int]]) -> int:
+        """Delete files of ``owned`` (kind, partition)s that no manifest names: a crash's leftovers."""
+        committed = self.catalog.committed_files()
+        deleted = 0
+        root = self.lake.root
+        for path in root.glob("*/date=*/hour=*/*"):
+            name = path.name
+            tmp = name.startswith(".") and name.endswith(".tmp")
+            m = PROCESSOR_FILE.match(name[1:-4] if tmp else name)
+            if not m or (m["kind"], int(m["partition"])) not in owned:
+                continue
+            if tmp or path.relative_to(root).as_posix() not in committed:
+                path.unlink(missing_ok=True)
+                deleted += 1
+        if deleted:
+            log.info("deleted %d uncommitted file(s) left by an earlier crash", deleted)
+        return deleted
+
+    def _update_lag(self) -> None:
+        consumer = self._consumer.raw
+        try:
+            parts = list(consumer.assignment())
+            if not parts:
+                return
+            ends = consumer.end_offsets(parts)
+            self.stats.set_lag({(tp.topic, tp.partition): max(0, ends[tp] - consumer.position(tp)) for tp in parts if tp in ends})
+        except Exception as exc:  # noqa: BLE001 - lag is a metric; never stop ingest for it
+            log.debug("lag update failed: %s", exc)
+
+
+def lake_row_counts(lake_path: str | Path) -> dict[str, int]:
+    """Rows per lake table, read through DuckDB (for tools and tests)."""
+    db = catalog_mod.open_lake(lake_path)
+    try:
+        return {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in catalog_mod.LAKE_TABLES}
+    finally:
+        db.close()
+
+
+__all__ = ["StreamProcessor", "ProcessorStats", "decode_batch", "decode_gpu_batch", "CONSUMED_KINDS", "lake_row_counts"]
