@@ -157,10 +157,10 @@ class FileFollower:
             if f.partial:
                 chunk = bytes(f.partial) + chunk
                 f.partial.clear()
-            parts = chunk.split(b"\n")
-            tail = parts.pop()
-            for raw in parts:
-                out.append(self._decode(raw))
+            end = chunk.rfind(b"\n") + 1
+            tail = chunk[end:]
+            if end:
+                self._decode_block(chunk[:end - 1], out)
             if len(tail) > MAX_LINE_BYTES:
                 self.long_lines += 1
                 out.append(self._decode(tail))
@@ -173,6 +173,20 @@ class FileFollower:
         if f.partial:
             out.append(self._decode(bytes(f.partial)))
             f.partial.clear()
+
+    def _decode_block(self, block: bytes, out: list[str]) -> None:
+        """Complete lines of one read, decoded at once (per line only when some are not UTF-8)."""
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:
+            for raw in block.split(b"\n"):
+                out.append(self._decode(raw))
+            return
+        lines = text.split("\n")
+        self.lines += len(lines)
+        if "\r" in text:
+            lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        out.extend(lines)
 
     def _decode(self, raw: bytes) -> str:
         self.lines += 1

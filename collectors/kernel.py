@@ -16,11 +16,11 @@ import calendar
 import datetime as dt
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from faultlens.collectors.patterns import CATALOGS, KindTable, load_kind_table
+from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.stream.schema import KernelEvent
 
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?\[(?:default|rank|Rank )(\d+)\]:\s?")
@@ -39,6 +39,10 @@ RECOVERY_RE = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+) \(([^)]
 SXID_SEV_RE = re.compile(r"\b(Non-fatal|Fatal|Non-Fatal|fatal)\b")
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 MAX_RECORD_LINES = 256
+COLD_MAX = 512  # ordinary lines held back (a later line may continue their record) before they are settled
+# Besides the catalog words, what makes a line take the full parse: a relative
+# (dmesg -H) timestamp, which depends on the line before it, and bad bytes.
+HOT_EXTRA = (("[", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:\s?)?(?:[a-z]+\s*:[a-z]+\s*: )?\[\s*[+-]\d"),)
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
 DUMP_CONT_RE = re.compile(r"^(?:Call Trace:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\")")
@@ -78,6 +82,7 @@ class _Pending:
     head: _Head
     lines: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    hot: bool = True  # some line passed the fast-path filter (False: provably ordinary)
 
 
 class KernelParser:
@@ -87,6 +92,13 @@ class KernelParser:
     microseconds into unix time (None: leave them relative). ``year`` completes
     syslog timestamps, which have none. ``gpu_map`` maps a normalised PCI bus
     (``0000:3b:00``) to the GPU index, from NVML or a config table.
+
+    ``feed_many(lines)`` is the fast path for bulk and live input: a line with none
+    of the catalog's words (``hot_regex``: ~1 µs) is held back unparsed; held lines
+    are settled as ordinary (kind ``other``, counted, never built) unless a later
+    line continues their record, in which case that record is parsed in full. The
+    result is the same as ``feed`` on every line. ``extra_hot`` adds substrings
+    (explain passes diagnosis's rules for kind ``other``).
     """
 
     def __init__(
@@ -97,6 +109,7 @@ class KernelParser:
         year: int | None = None,
         gpu_map: Mapping[str, int] | None = None,
         tz: dt.tzinfo = dt.UTC,
+        extra_hot: Iterable[str] = (),
     ):
         self.node = node
         self.boot_time = boot_time
@@ -107,8 +120,11 @@ class KernelParser:
         self._pending: _Pending | None = None
         self._last_ts = 0.0
         self._last_gpu_pci: str | None = None
+        self._cold: list[str] = []
+        self._hot = hot_regex(self.kinds.words() + [w.lower() for w in extra_hot], HOT_EXTRA)
         self.lines = 0
         self.records = 0
+        self.ordinary_lines = 0  # lines settled by the fast path without a record
 
     # ------------------------------------------------------------------ prefixes
     def _head(self, line: str) -> _Head:
@@ -184,35 +200,177 @@ class KernelParser:
     # ------------------------------------------------------------------ records
     def feed(self, line: str) -> list[KernelEvent]:
         """One physical line; returns the records it completed (usually 0 or 1)."""
-        line = line.rstrip("\r\n")
+        out: list = []
+        if self._cold:
+            self._settle(out, keep_last=False, next_hot=True)
         self.lines += 1
+        out.extend(self._feed(line.rstrip("\r\n"), True))
+        return [r for r in out if not isinstance(r, int)]
+
+    def _is_continuation(self, head: _Head, pending: bool) -> bool:
+        if head.continuation or head.message[:1] in (" ", "\t"):
+            return True  # a message that starts indented continues the record above
+        return pending and head.message[:1] in "CRt<TH\"MF" and DUMP_CONT_RE.match(head.message) is not None
+
+    def _feed(self, line: str, hot: bool) -> list[KernelEvent]:
         if not line.strip():
-            return self.flush()
+            return self._flush()
         head = self._head(line)
-        if head.message[:1] in (" ", "\t"):  # a message that starts indented continues the record above
-            head.continuation = True
-        elif self._pending is not None and head.message[:1] in "CRt<TH\"MF" and DUMP_CONT_RE.match(head.message):
-            head.continuation = True
         p = self._pending
-        if head.continuation and p is not None and len(p.lines) < MAX_RECORD_LINES:
+        if p is not None and self._is_continuation(head, True) and len(p.lines) < MAX_RECORD_LINES:
             p.lines.append(line)
             p.messages.append(head.message.strip())
+            p.hot = p.hot or hot
             return []
-        out = self.flush()
+        out = self._flush()
         if head.ts is None:
             head.ts = self._last_ts
         else:
             self._last_ts = head.ts
-        self._pending = _Pending(head, [line], [head.message.strip()])
+        self._pending = _Pending(head, [line], [head.message.strip()], hot)
         return out
 
     def flush(self) -> list[KernelEvent]:
+        """The record still open (held ordinary lines are settled and left out)."""
+        if self._cold or (self._pending is not None and not self._pending.hot):
+            return [r for r in self.finish() if not isinstance(r, int)]
+        return self._flush()
+
+    def _flush(self) -> list[KernelEvent]:
         p = self._pending
         if p is None:
             return []
         self._pending = None
         self.records += 1
         return [self._build(p)]
+
+    # ------------------------------------------------------------------ fast path
+    def feed_many(self, lines: Iterable[str], on_error: Callable[[str, Exception], None] | None = None) -> list[KernelEvent | int]:
+        """Many lines at once. Returns, in line order, records and ints: an int ``n``
+        stands for the next ``n`` lines, which belong to no returned record (ordinary
+        or empty lines; ``ordinary_lines`` counts the ordinary ones). ``on_error``:
+        a line whose parse raises is reported there (and is in no result) instead
+        of stopping the batch."""
+        out: list[KernelEvent | int] = []
+        hot = self._hot.search
+        cold = self._cold
+        n = 0
+        for line in lines:
+            n += 1
+            try:
+                if hot(line.lower()) is None:
+                    cold.append(line)
+                    if len(cold) >= COLD_MAX:
+                        self._settle(out, keep_last=True)
+                        cold = self._cold
+                else:
+                    line = line.rstrip("\r\n")
+                    if cold:
+                        self._settle(out, keep_last=False, next_hot=True)
+                        cold = self._cold
+                    out.extend(self._feed(line, True))
+                    if not line.strip():
+                        out.append(1)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(line, exc)
+                cold = self._cold
+        self.lines += n
+        return out
+
+    def release(self) -> list[KernelEvent | int]:
+        """Settle held lines now except the record they end with (a live source calls
+        this after each batch, so that a record is not held back by quiet lines)."""
+        out: list[KernelEvent | int] = []
+        if self._cold:
+            self._settle(out, keep_last=True)
+        return out
+
+    def finish(self) -> list[KernelEvent | int]:
+        """``flush`` for ``feed_many``: settles held lines, then the open record."""
+        out: list[KernelEvent | int] = []
+        if self._cold:
+            self._settle(out, keep_last=False)
+        p = self._pending
+        if p is not None and not p.hot:
+            self._pending = None
+            self._ordinary(out, len(p.lines))
+        out.extend(self._flush())
+        return out
+
+    def _ordinary(self, out: list, n: int, blank: int = 0) -> None:
+        if n:
+            out.append(n)
+            self.ordinary_lines += n - blank
+
+    def _settle(self, out: list, *, keep_last: bool, next_hot: bool = False) -> None:
+        """Resolve the held (cold) lines as if each had gone through ``_feed``.
+
+        Only the record the held lines end with can still change (a hot line may
+        continue it): with ``next_hot`` it is parsed in full, with ``keep_last`` it
+        stays held; everything before it is ordinary.
+        """
+        cold, self._cold = self._cold, []
+        lines = [c.rstrip("\r\n") for c in cold]
+        i, n = 0, len(lines)
+        p0 = self._pending
+        if p0 is not None and p0.hot:  # lines that continue a hot record belong to it
+            while i < n and self._pending is p0:
+                got = self._feed(lines[i], False)
+                out.extend(got)
+                if not lines[i].strip():
+                    out.append(1)
+                i += 1
+            if i == n:
+                return
+        p = self._pending  # None, or a record made of cold lines only
+        rest = lines[i:]
+        if keep_last or next_hot:
+            h = self._last_head(rest, p is not None)
+        else:
+            h = len(rest)
+        if h < 0:  # every held line continues the open (cold) record
+            if keep_last:
+                self._cold = cold[i:]
+                return
+            for ln in rest:
+                self._feed(ln, False)
+            return
+        if p is not None:
+            self._pending = None
+            self._ordinary(out, len(p.lines))
+        self._ordinary(out, h, sum(1 for ln in rest[:h] if not ln.strip()))
+        self._advance_ts(rest, h, p is not None)
+        if keep_last:
+            self._cold = cold[i + h:]
+            return
+        for ln in rest[h:]:
+            out.extend(self._feed(ln, False))
+            if not ln.strip():
+                out.append(1)
+
+    def _last_head(self, rest: list[str], pending: bool) -> int:
+        """Index of the line that starts the last record of ``rest`` (-1: it continues the open one)."""
+        for k in range(len(rest) - 1, -1, -1):
+            ln = rest[k]
+            if not ln.strip():
+                return k + 1
+            if not self._is_continuation(self._head(ln), pending or k > 0):
+                return k
+        return -1 if pending else 0
+
+    def _advance_ts(self, rest: list[str], h: int, pending: bool) -> None:
+        """``_last_ts`` as the skipped lines ``rest[:h]`` would have left it (the last record head with a time)."""
+        for k in range(h - 1, -1, -1):
+            ln = rest[k]
+            if not ln.strip():
+                continue
+            head = self._head(ln)
+            prev_open = (k > 0 and bool(rest[k - 1].strip())) or (k == 0 and pending)
+            if head.ts is not None and not self._is_continuation(head, prev_open):
+                self._last_ts = head.ts
+                return
 
     def parse(self, lines: Iterable[str]) -> Iterator[KernelEvent]:
         for line in lines:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from faultlens.collectors.patterns import CATALOGS, KindTable, load_kind_table
+from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.stream.schema import NcclEvent
 
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)(\d+)\]:|\[1,(\d+)\]<std(?:out|err)>:)\s?")
@@ -31,6 +31,15 @@ EXC_RE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exceptio
 NCCL_RESULT_RE = re.compile(r"^nccl\w+: ")
 HINT_RE = re.compile(r"^(?:CUDA kernel errors might be asynchronously reported|For debugging consider passing CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Last error:|Exception raised from |frame #\d+:|what\(\):)")
 MAX_RECORD_LINES = 400
+COLD_MAX = 512
+# Fast path: what, besides the catalog's words, can make a line more than an ordinary
+# one-line record: block starts (tracebacks, C++ terminate), NCCL WARN/ERROR, return
+# codes (`file.cc:12 -> 2`), exception type names (EXC_RE), bad bytes. Indentation
+# and dotted type names (`a.b.SomeError`) are checked on the raw line.
+HOT_WORDS = ("traceback", "terminate called", "frame #", "nccl warn", "nccl error", "last error")
+HOT_EXTRA = (("warning", r"\wwarning"), ("exit", r"\wexit"), ("interrupt", r"\winterrupt"), (" -> ", r"\d -> \d"))
+DOTTED_RE = re.compile(r"\.[A-Z]")
+TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<std(?:out|err)>:)?\s?(?:\[?\d{4}-\d\d-\d\d|\[[EWIFD]\d{4} )")
 
 
 @lru_cache(maxsize=1)
@@ -61,7 +70,12 @@ class _Pending:
 
 
 class NcclParser:
-    """Lines in, ``NcclEvent`` records out (``feed`` / ``flush``)."""
+    """Lines in, ``NcclEvent`` records out (``feed`` / ``flush``).
+
+    ``feed_many(lines)`` / ``finish()``: the fast path (see KernelParser): a line
+    that cannot be anything but an ordinary one-line record is counted in
+    ``ordinary_lines`` and never parsed; results equal ``feed`` on every line.
+    """
 
     def __init__(self, node: str = "", *, job: str | None = None, year: int | None = None, default_ts: float = 0.0):
         self.node = node
@@ -70,8 +84,11 @@ class NcclParser:
         self.kinds = nccl_kinds()
         self._pending: _Pending | None = None
         self._last_ts = default_ts
+        self._cold: list[str] = []
+        self._hot = hot_regex(self.kinds.words() + list(HOT_WORDS), HOT_EXTRA)
         self.lines = 0
         self.records = 0
+        self.ordinary_lines = 0
 
     def _line(self, raw: str) -> _Line:
         rank = None
@@ -120,10 +137,97 @@ class NcclParser:
         return ln
 
     def feed(self, raw: str) -> list[NcclEvent]:
-        raw = raw.rstrip("\r\n")
+        out: list = []
+        if self._cold:
+            self._settle(out)
         self.lines += 1
+        out.extend(self._feed(raw))
+        return [r for r in out if not isinstance(r, int)]
+
+    def feed_many(self, lines: Iterable[str], on_error: Callable[[str, Exception], None] | None = None) -> list[NcclEvent | int]:
+        """Many lines at once: records and ints (``n``: the next ``n`` lines are in no record), in line order."""
+        out: list[NcclEvent | int] = []
+        hot = self._hot.search
+        dotted = DOTTED_RE.search
+        cold = self._cold
+        n = 0
+        for line in lines:
+            n += 1
+            try:
+                if hot(line.lower()) is None and line[:1] != " " and "  " not in line and "\t" not in line and dotted(line) is None:
+                    cold.append(line)
+                    if len(cold) >= COLD_MAX:
+                        self._settle(out)
+                        cold = self._cold
+                else:
+                    if cold:
+                        self._settle(out)
+                        cold = self._cold
+                    out.extend(self._feed(line))
+                    if not line.strip():
+                        out.append(1)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(line, exc)
+                cold = self._cold
+        self.lines += n
+        return out
+
+    def release(self) -> list[NcclEvent | int]:
+        """Settle held lines now (a live source calls this after each batch)."""
+        out: list[NcclEvent | int] = []
+        if self._cold:
+            self._settle(out)
+        return out
+
+    def finish(self) -> list[NcclEvent | int]:
+        """``flush`` for ``feed_many``."""
+        out: list[NcclEvent | int] = []
+        if self._cold:
+            self._settle(out)
+        out.extend(self._flush())
+        return out
+
+    def _settle(self, out: list) -> None:
+        """Held lines: those that continue an open multi-line block are parsed; the rest are ordinary."""
+        cold, self._cold = self._cold, []
+        i, n = 0, len(cold)
+        p0 = self._pending
+        if p0 is not None and p0.block != "line":
+            while i < n and self._pending is p0:
+                out.extend(self._feed(cold[i]))
+                if not cold[i].strip():
+                    out.append(1)
+                i += 1
+        p = self._pending
+        if p is not None and p is not p0 and p.block == "line" and i > 0:
+            self._pending = None  # opened by a held line: an ordinary one-line record
+            out.append(1)
+            self.ordinary_lines += 1
+        elif p is not None and i < n:
+            if p.block != "line":  # not expected: parse the rest in full rather than guess
+                for ln in cold[i:]:
+                    out.extend(self._feed(ln))
+                    if not ln.strip():
+                        out.append(1)
+                return
+            out.extend(self._flush())  # a one-line record ends at the next line
+        rest = cold[i:]
+        if rest:
+            out.append(len(rest))
+            self.ordinary_lines += sum(1 for ln in rest if ln.strip())
+            for ln in reversed(rest):
+                if TS_HINT_RE.match(ln):
+                    ts = self._line(ln.rstrip("\r\n")).ts
+                    if ts is not None:
+                        self._last_ts = ts
+                        break
+
+    def _feed(self, raw: str) -> list[NcclEvent]:
+        raw = raw.rstrip("\r\n")
         if not raw.strip():
-            return self.flush()
+            return self._flush()
         ln = self._line(raw)
         c = ln.content
         p = self._pending
@@ -152,7 +256,7 @@ class NcclParser:
                 if NCCL_RESULT_RE.match(cs) or HINT_RE.match(cs) or p.after_last_error:
                     p.after_last_error = cs.startswith("Last error:")
                     return self._append(p, raw, c)
-        out = self.flush()
+        out = self._flush()
         if ln.ts is not None:
             self._last_ts = ln.ts
         if cs.startswith("Traceback (most recent call last)") or (indented and not ln.nccl):
@@ -174,6 +278,12 @@ class NcclParser:
         return []
 
     def flush(self) -> list[NcclEvent]:
+        """The record still open (held ordinary lines are settled and left out)."""
+        if self._cold:
+            return [r for r in self.finish() if not isinstance(r, int)]
+        return self._flush()
+
+    def _flush(self) -> list[NcclEvent]:
         p = self._pending
         if p is None:
             return []

@@ -264,6 +264,11 @@ class Delivery:
         with self._qlock:
             self._queue.append((kind, key, value))
 
+    def put_many(self, entries: list[Entry]) -> None:
+        """Queue several (kind, key, value) entries at once."""
+        with self._qlock:
+            self._queue.extend(entries)
+
     def pending(self) -> int:
         with self._qlock:
             return len(self._queue)

@@ -71,6 +71,9 @@ class AgentConfig:
     health_interval_s: float = 30.0
     metrics_port: int = 0  # 0: no /metrics endpoint
     metrics_host: str = "127.0.0.1"  # the DaemonSet sets 0.0.0.0 so Prometheus can scrape the pod
+    # Ordinary log lines (kind "other", NCCL INFO: noise no pattern recognises) are counted
+    # per source, not shipped one record each; true ships them too.
+    ship_ordinary_lines: bool = False
 
 
 @dataclass(frozen=True)

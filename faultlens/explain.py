@@ -20,8 +20,8 @@ from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.stacks import looks_like_pyspy
 from faultlens.collectors.steps import StepLogParser, step_fields_duration
-from faultlens.diagnosis.classify import Classification, ClassifyContext, classify
-from faultlens.stream.schema import StepTiming
+from faultlens.diagnosis.classify import Classification, ClassifyContext, catalogs, classify
+from faultlens.stream.schema import KernelEvent, StepTiming
 
 SOURCES = ("kernel", "nccl", "stack", "steps", "unknown")
 _KERNEL_HINT = re.compile(r"NVRM|kernel: |^\[\s*[+]?\d+\.\d+\]|^\d+,\d+,\d+,|mlx5_core|EDAC|^kern\s+:|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} ", re.M)
@@ -81,6 +81,67 @@ def _records(parser, lines: Iterable[str], source: str, ctx: ClassifyContext) ->
         yield ExplainedLine(n, t, source, EMPTY if not t.strip() else Classification("unknown", "info", "none", "Not recognised.", None))
 
 
+BATCH = 4096
+
+
+def _ordinary_fast_path() -> tuple[tuple[str, ...], Classification] | None:
+    """(extra words, classification) for the kernel fast path, or None when it cannot be proven exact.
+
+    A line the parser settles as ordinary is a kind ``other`` record without any
+    catalog word; its classification is that of the first kind-``other`` rule that
+    has no condition, provided every rule before it has an ``any`` prefilter (whose
+    words the parser then treats as hot).
+    """
+    words: list[str] = []
+    for r in catalogs().kernel:
+        if "other" not in r.kinds:
+            continue
+        if r.any:
+            words += r.any
+        elif r.match is not None:
+            return None
+        else:
+            break
+    c = classify(KernelEvent(0.0, "", "other", "", ""))
+    if c.rule is None:
+        return None
+    return tuple(words), c
+
+
+def _kernel_fast(parser: KernelParser, lines: Iterable[str], ordinary: Classification) -> Iterator[ExplainedLine]:
+    """Like ``_records`` for the kernel, with feed_many: ordinary lines skip parsing and classification."""
+    ctx = ClassifyContext()
+    pending: deque[tuple[int, str]] = deque()
+    no = 0
+    batch: list[str] = []
+
+    def drain(items: list) -> Iterator[ExplainedLine]:
+        pop = pending.popleft
+        for it in items:
+            if isinstance(it, int):
+                for _ in range(it):
+                    n, t = pop()
+                    yield ExplainedLine(n, t, "kernel", ordinary if t.strip() else EMPTY)
+            else:
+                c = classify(it, ctx)
+                for _ in range(it.raw.count("\n") + 1):
+                    n, t = pop()
+                    yield ExplainedLine(n, t, "kernel", c)
+
+    for line in lines:
+        no += 1
+        line = line.rstrip("\r\n")
+        pending.append((no, line))
+        batch.append(line)
+        if len(batch) >= BATCH:
+            yield from drain(parser.feed_many(batch))
+            batch = []
+    yield from drain(parser.feed_many(batch) + parser.finish())
+    while pending:  # never drop a line
+        n, t = pending.popleft()
+        yield ExplainedLine(n, t, "kernel", EMPTY if not t.strip() else Classification("unknown", "info", "none", "Not recognised.", None))
+
+
 def _steps(lines: Iterable[str]) -> Iterator[ExplainedLine]:
     parser = StepLogParser()
     for no, line in enumerate(lines, 1):
@@ -135,7 +196,10 @@ def explain_lines(lines: Iterable[str], fmt: str | None = None, *, year: int | N
         yield from it
 
     ctx = ClassifyContext()
-    if fmt == "kernel":
+    fast = _ordinary_fast_path() if fmt == "kernel" else None
+    if fast is not None:
+        yield from _kernel_fast(KernelParser(year=year, extra_hot=fast[0]), all_lines(), fast[1])
+    elif fmt == "kernel":
         yield from _records(KernelParser(year=year), all_lines(), "kernel", ctx)
     elif fmt == "nccl":
         yield from _records(NcclParser(year=year), all_lines(), "nccl", ctx)

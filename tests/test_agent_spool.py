@@ -69,8 +69,10 @@ def test_delivery_spools_when_the_bus_is_down(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path, bootstrap: str, **agent: object) -> Config:
+    # these tests load the spool with ordinary lines, so they ask for them to be shipped
     return Config(bus=BusConfig(bootstrap_servers=bootstrap, topic_prefix="spooltest", linger_ms=5),
-                  agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=3600, **agent))
+                  agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=3600, ship_ordinary_lines=True,
+                                    **agent))
 
 
 def _consume_seqs(bootstrap: str, want: int, timeout_s: float) -> list[int]:

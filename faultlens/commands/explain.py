@@ -46,22 +46,26 @@ def run(args: argparse.Namespace, config: Any) -> int:
             print(f"faultlens explain: {name}: {exc}", file=sys.stderr)
             return 1
         head = b'{"file":' + orjson.dumps(name) + b"," if len(args.files) > 1 else b"{"
-        tails: dict[int, tuple[Any, str, bytes]] = {}
+        # the classification part of a line is shared by many lines: serialise it once, count per classification
+        tails: dict[tuple[int, str], tuple[Any, bytes]] = {}
+        per_c: dict[tuple[int, str], int] = {}
         with fh:
             buf: list[bytes] = []
             last_rule: object = ()
             for e in explain_lines(fh, fmt, year=args.year):
                 c = e.c
-                counts[c.category] += 1
-                worst = max(worst, sev_rank[c.severity])
+                key = (id(c), e.source)
+                got = tails.get(key)
+                if got is None or got[0] is not c:
+                    if got is not None:  # the id of a classification that is gone: settle its count first
+                        counts[got[0].category] += per_c.pop(key, 0)
+                        worst = max(worst, sev_rank[got[0].severity])
+                    got = tails[key] = (c, orjson.dumps({"source": e.source, "category": c.category, "xid": c.xid,
+                                                         "severity": c.severity, "action": c.action, "meaning": c.meaning})[1:])
+                    per_c.setdefault(key, 0)
+                per_c[key] += 1
                 if args.json:
-                    # the classification part of a line is shared by many lines: serialise it once
-                    tail = tails.get(id(c))
-                    if tail is None or tail[0] is not c or tail[1] != e.source:
-                        tail = tails[id(c)] = (c, e.source, orjson.dumps(
-                            {"source": e.source, "category": c.category, "xid": c.xid, "severity": c.severity,
-                             "action": c.action, "meaning": c.meaning})[1:])
-                    buf.append(b"".join((head, b'"line_no":%d,"text":' % e.line_no, orjson.dumps(e.text), b",", tail[2], b"\n")))
+                    buf.append(b"%s\"line_no\":%d,\"text\":%s,%s\n" % (head, e.line_no, orjson.dumps(e.text), got[1]))
                 else:
                     if args.only_findings and c.category == "none":
                         last_rule = ()
@@ -76,6 +80,10 @@ def run(args: argparse.Namespace, config: Any) -> int:
                     out.write(b"".join(buf))
                     buf.clear()
             out.write(b"".join(buf))
+        for key, n in per_c.items():
+            c = tails[key][0]
+            counts[c.category] += n
+            worst = max(worst, sev_rank[c.severity])
     out.flush()
     if not args.json:
         summary = ", ".join(f"{k}: {v}" for k, v in counts.most_common())
