@@ -164,8 +164,11 @@ class Consumer:
         group_id: str | None,
         bootstrap: str | None = None,
         from_beginning: bool = True,
+        listener: Any = None,
         **overrides: Any,
     ):
+        """``listener``: a ``kafka.ConsumerRebalanceListener`` for a group member
+        (kafka-python calls it on its IO thread); ``overrides``: KafkaConsumer options."""
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
@@ -188,7 +191,7 @@ class Consumer:
         try:
             self._consumer = KafkaConsumer(**kw)
             if group_id is not None:
-                self._consumer.subscribe(self.topics)
+                self._consumer.subscribe(self.topics, listener=listener)
             else:
                 from kafka import TopicPartition
 

@@ -29,13 +29,14 @@ table (exactly once, like any row) and are sent to the deadletter topic
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
 import uuid
-from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
+from kafka import ConsumerRebalanceListener
 
 from faultlens.config import Config
 from faultlens.errors import BusError, LakeError, SchemaError
@@ -88,32 +90,48 @@ _GPU_WIRE = schema.gpu_message_schema()
 _GPU_LAKE = schema.lake_schema("gpu")
 _GPU_DEFAULTS = _gpu_struct_defaults()
 _JSON_PARSE = pajson.ParseOptions(explicit_schema=_GPU_WIRE, unexpected_field_behavior="ignore")
-_JSON_READ = pajson.ReadOptions(block_size=4 << 20, use_threads=True)
+# One decode worker per core parses single-threaded: no oversubscription of the
+# Arrow thread pool, and batches (one poll of one partition) are a few MB.
+_JSON_READ = pajson.ReadOptions(block_size=4 << 20, use_threads=False)
 _READABLE = pa.array(sorted(schema.READABLE_VERSIONS), pa.int64())
+_GPU_TEXT = tuple(f.name for f in _GPU_LAKE if pa.types.is_string(f.type))
+_GPU_FLOATS = tuple(f.name for f in _GPU_LAKE if pa.types.is_floating(f.type))
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
 
 
 def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
     """Many GPU messages -> gpu lake rows in one Arrow parse; None if any message is bad.
 
     The caller then decodes one by one to find and dead-letter the bad ones.
+    Whatever the batch path accepts, ``schema.decode`` accepts too (and gives
+    the same rows): anything Arrow's reader is more lenient about (NaN,
+    invalid UTF-8, an explicit ``null`` where the record has no None) sends
+    the batch to the per-message path.
     """
     if not values:
         return _GPU_LAKE.empty_table()
+    buf = b"\n".join(values)
     try:
-        wire = pajson.read_json(pa.BufferReader(b"\n".join(values)), read_options=_JSON_READ, parse_options=_JSON_PARSE)
+        wire = pajson.read_json(pa.BufferReader(buf), read_options=_JSON_READ, parse_options=_JSON_PARSE)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     if wire.num_rows != len(values):  # a message with a raw newline, or an empty one
         return None
     v, ts, node = wire.column("v"), wire.column("ts"), wire.column("node")
-    if ts.null_count or node.null_count or not pc.all(pc.is_in(v, value_set=_READABLE)).as_py():
+    if v.null_count or ts.null_count or node.null_count or not pc.all(pc.is_in(v, value_set=_READABLE)).as_py():
         return None
     gpus = wire.column("gpus").combine_chunks()
-    if gpus.null_count:
-        gpus = pc.fill_null(gpus, pa.scalar([], gpus.type))
     flat = pc.list_flatten(gpus)
     if flat.null_count or flat.field("index").null_count:
         return None
+    nulls = gpus.null_count or any(flat.field(i).null_count for i in range(flat.type.num_fields))
+    # Arrow cannot tell a missing key (take the default) from an explicit null (a
+    # dead letter): only when the text has no null at all are the nulls missing keys.
+    if nulls and b"null" in buf:
+        return None
+    if gpus.null_count:
+        gpus = pc.fill_null(gpus, pa.scalar([], gpus.type))
+        flat = pc.list_flatten(gpus)
     parents = pc.list_parent_indices(gpus)
     cols: dict[str, Any] = {
         "ts": pc.take(ts, parents),
@@ -126,6 +144,14 @@ def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
         if col.null_count and f.name in _GPU_DEFAULTS:
             col = pc.fill_null(col, pa.scalar(_GPU_DEFAULTS[f.name], col.type))
         cols[name] = col
+    try:
+        for name in _GPU_TEXT:  # Arrow's JSON reader does not check UTF-8
+            cols[name].validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    for name in _GPU_FLOATS:  # nor refuse NaN/Infinity, which are not JSON
+        if not pc.all(pc.is_finite(cols[name])).as_py():
+            return None
     return pa.table([cols[n] for n in _GPU_LAKE.names], schema=_GPU_LAKE)
 
 
@@ -178,16 +204,32 @@ def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) 
         if table is not None:
             out.tables["gpu"] = table
             return out
-    rows: list[dict[str, Any]] = []
+    decoded: list[tuple[Any, list[dict[str, Any]]]] = []
     for r in good:
         try:
-            rows.extend(decode_one(kind, r.value))
+            decoded.append((r, decode_one(kind, r.value)))
         except SchemaError as err:
             out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
         except (ValueError, TypeError) as exc:  # anything the schema module did not foresee
             out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, SchemaError("undecodable", kind=kind, detail=repr(exc))))
+    rows = [row for _, rs in decoded for row in rs]
     if rows:
-        out.tables[table_name(kind)] = pa.Table.from_pylist(rows, schema=schema.lake_schema(kind))
+        lake_schema = schema.lake_schema(kind)
+        try:
+            out.tables[table_name(kind)] = pa.Table.from_pylist(rows, schema=lake_schema)
+        except _ARROW_ERRORS:
+            # A value the record accepts but the lake column cannot hold (an integer
+            # beyond 64 bits): find the message, dead-letter it, keep the others.
+            kept: list[dict[str, Any]] = []
+            for r, rs in decoded:
+                try:
+                    pa.Table.from_pylist(rs, schema=lake_schema)
+                    kept.extend(rs)
+                except _ARROW_ERRORS as exc:
+                    err = SchemaError("bad_type", kind=kind, detail=f"does not fit the lake column: {exc}")
+                    out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
+            if kept:
+                out.tables[table_name(kind)] = pa.Table.from_pylist(kept, schema=lake_schema)
     return out
 
 
@@ -210,6 +252,7 @@ class ProcessorStats:
         self.started = time.monotonic()
         self.assigned_at: float | None = None  # monotonic time of the first partition assignment
         self.last_commit_at: float | None = None
+        self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
         self._prom = None
         if registry is not None:
             from prometheus_client import Counter as PCounter
@@ -265,6 +308,24 @@ class ProcessorStats:
 # --------------------------------------------------------------------------- the processor
 
 
+def wait_for(fut: Future[Any]) -> None:
+    """Wait for a future without raising (its error surfaces where its result is used)."""
+    fut.exception()
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """kafka-python's rebalance callbacks -> the processor."""
+
+    def __init__(self, proc: StreamProcessor):
+        self.proc = proc
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.proc._on_revoked(revoked)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.proc._on_assigned(assigned)
+
+
 @dataclass
 class _Pending:
     kind: str
@@ -279,6 +340,13 @@ class StreamProcessor:
 
     >>> proc = StreamProcessor(load_config(), lake_path="lake", catalog_path="catalog.duckdb")  # doctest: +SKIP
     >>> proc.run(exit_when_idle_s=5)                                                           # doctest: +SKIP
+
+    Three stages overlap (kafka-python's record parsing holds the GIL; Arrow's
+    JSON parser and the Parquet writer release it): the ``run`` thread polls
+    and hands each partition's batch to ``decode_threads`` decode workers; a
+    flush hands the decoded buffers to one commit thread, which writes them and
+    commits in order while the next buffers fill. At most one commit is in
+    flight and at most ``max_decoding_messages`` wait for a decoder (memory).
     """
 
     def __init__(
@@ -295,6 +363,8 @@ class StreamProcessor:
         rollups: bool = True,
         registry: Any = None,
         consumer_overrides: dict[str, Any] | None = None,
+        decode_threads: int | None = None,
+        max_decoding_messages: int = 20_000,
     ):
         self.config = config
         self.bus = config.bus
@@ -308,10 +378,17 @@ class StreamProcessor:
         self.rollups = rollups
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
+        self.max_decoding_messages = max_decoding_messages
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
         self._stop = threading.Event()
-        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="faultlens-decode")
+        threads = decode_threads or max(1, min(2, os.cpu_count() or 1))
+        self._decoder = ThreadPoolExecutor(threads, thread_name_prefix="faultlens-decode")
+        self._decoding: deque[tuple[Future[Decoded], int]] = deque()  # submitted, maybe not done
+        self._decoding_messages = 0
+        # One thread: commits happen in the order of their flushes.
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="faultlens-commit")
+        self._commit_running: Future[None] | None = None
         self._consumer: Any = None
         self._producer: Any = None
         self._assigned: set[tuple[str, int]] = set()
@@ -332,8 +409,6 @@ class StreamProcessor:
         self._stop.set()
 
     def _connect(self) -> None:
-        from kafka import ConsumerRebalanceListener
-
         from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
         ensure_topics(self.bus, self.bootstrap)
@@ -341,17 +416,9 @@ class StreamProcessor:
             log.info("no C crc32c module: record-batch CRC checks are off (pip install crc32c turns them on)")
         overrides = {"check_crcs": CHECK_CRCS, "max_poll_records": 50_000, "fetch_min_bytes": 1 << 20, "fetch_max_wait_ms": 100}
         overrides.update(self.consumer_overrides)
-        self._consumer = Consumer(self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap, **overrides)
-        proc = self
-
-        class Listener(ConsumerRebalanceListener):
-            def on_partitions_revoked(self, revoked: Any) -> None:
-                proc._on_revoked(revoked)
-
-            def on_partitions_assigned(self, assigned: Any) -> None:
-                proc._on_assigned(assigned)
-
-        self._consumer.raw.subscribe(self._consumer.topics, listener=Listener())
+        self._consumer = Consumer(
+            self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap, listener=_Rebalance(self), **overrides
+        )
         self._producer = Producer(self.bus, self.bootstrap)
 
     def close(self) -> None:
@@ -362,6 +429,7 @@ class StreamProcessor:
                 except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask it
                     log.warning("closing %s: %s", type(closer).__name__, exc)
         self._consumer = self._producer = None
+        self._committer.shutdown(wait=True)
         self._decoder.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
 
@@ -378,6 +446,7 @@ class StreamProcessor:
 
         self._connect()
         start = time.monotonic()
+        cpu_start = time.thread_time()
         last_flush = last_lag = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -387,8 +456,7 @@ class StreamProcessor:
                     log.warning("poll failed (%s); retrying", exc)
                     time.sleep(0.5)
                     continue
-                if self._fatal is not None:
-                    raise LakeError(f"cannot continue safely: {self._fatal}") from self._fatal
+                self._check_fatal()
                 now = time.monotonic()
                 with self._lock:
                     if batch:
@@ -400,7 +468,7 @@ class StreamProcessor:
                     # longer then would only delay the rows, not make bigger files.
                     caught_up = not batch and age >= min(0.5, self.flush_interval_s)
                     if self._pending and (self._pending_rows >= self.flush_rows or age >= self.flush_interval_s or caught_up):
-                        self.flush()
+                        self._flush_async()
                         last_flush = now
                     elif not self._pending:
                         last_flush = now
@@ -416,8 +484,13 @@ class StreamProcessor:
             with self._lock:
                 self.flush()
         finally:
+            self.stats.poll_thread_cpu_s += time.thread_time() - cpu_start
             self.close()
         return self.stats
+
+    def _check_fatal(self) -> None:
+        if self._fatal is not None:
+            raise LakeError(f"cannot continue safely: {self._fatal}") from self._fatal
 
     # -- consuming
 
@@ -437,11 +510,20 @@ class StreamProcessor:
         if p is None:
             p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
         p.last = records[-1].offset
-        # Decoding runs on a worker thread: Arrow releases the GIL, so it overlaps
-        # kafka-python's record parsing in this thread (2 cores: ~2x the rate).
-        p.decoding.append(self._decoder.submit(decode_batch, kind, topic, partition, records))
+        # Decoding runs on worker threads: Arrow releases the GIL, so it overlaps
+        # kafka-python's record parsing in this thread.
+        fut = self._decoder.submit(decode_batch, kind, topic, partition, records)
+        p.decoding.append(fut)
         p.messages += len(records)
         self._pending_rows += len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
+        self._decoding.append((fut, len(records)))
+        self._decoding_messages += len(records)
+        # Back-pressure: polling is faster than decoding; undecoded records are
+        # the bulkiest thing in memory, so wait for the oldest batches.
+        while self._decoding and (self._decoding[0][0].done() or self._decoding_messages > self.max_decoding_messages):
+            done, n = self._decoding.popleft()
+            wait_for(done)
+            self._decoding_messages -= n
 
     def _send_dead(self, dead: list[schema.DeadLetter]) -> None:
         for d in dead:
@@ -452,14 +534,40 @@ class StreamProcessor:
                 log.warning("could not send the dead letter to the bus (it is kept in the lake): %s", exc)
 
     def flush(self, *, confirm_dead_letters: bool = True) -> None:
-        """Write every pending buffer and commit it (files, then the manifest)."""
+        """Write every pending buffer and commit it (files, then the manifest); returns when committed."""
+        self._flush_async(confirm_dead_letters=confirm_dead_letters)
+        self._wait_commit()
+
+    def _flush_async(self, *, confirm_dead_letters: bool = True) -> None:
+        """Hand the pending buffers to the commit thread (after the previous commit is done)."""
         if not self._pending:
             return
+        self._wait_commit()  # one commit in flight: bounds memory, keeps order obvious
+        pending, self._pending, self._pending_rows = self._pending, {}, 0
+        self._commit_running = self._committer.submit(self._commit, pending, confirm_dead_letters)
+
+    def _wait_commit(self) -> None:
+        running, self._commit_running = self._commit_running, None
+        if running is not None:
+            running.result()  # re-raises a failed commit
+        self._check_fatal()
+
+    def _commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
+        """On the commit thread: decoded buffers -> lake files -> manifest (the commit point)."""
+        if self._fatal is not None:  # never commit a later range after an earlier one failed
+            raise LakeError(f"an earlier commit failed: {self._fatal}")
+        try:
+            self._write_commit(pending, confirm_dead_letters)
+        except BaseException as exc:
+            self._fatal = exc
+            raise
+
+    def _write_commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
         commit_id = f"{time.time_ns():x}{uuid.uuid4().hex[:8]}"
         manifest: list[dict[str, Any]] = []
         rows: Counter[str] = Counter()
         dead: Counter[str] = Counter()
-        for (topic, partition), p in self._pending.items():
+        for (topic, partition), p in pending.items():
             stem = f"{p.kind}-p{partition}-o{p.first}-{p.last}-{commit_id}"
             parts: dict[str, list[pa.Table]] = {}
             dead_letters: list[schema.DeadLetter] = []
@@ -468,7 +576,9 @@ class StreamProcessor:
                 for t, table in decoded.tables.items():
                     parts.setdefault(t, []).append(table)
                 dead_letters.extend(decoded.dead)
+            p.decoding.clear()  # let the decoded batches go once they are concatenated
             tables = {t: pa.concat_tables(ps) if len(ps) > 1 else ps[0] for t, ps in parts.items()}
+            del parts
             if dead_letters:
                 self._send_dead(dead_letters)
                 tables["deadletter"] = pa.Table.from_pylist(
@@ -495,8 +605,6 @@ class StreamProcessor:
                 log.warning("dead letters not confirmed by the bus (kept in the lake): %s", exc)
         self.catalog.commit(commit_id, manifest)
         self.stats.committed(dict(rows), dead)
-        self._pending.clear()
-        self._pending_rows = 0
 
     # -- rebalancing
 
@@ -507,7 +615,7 @@ class StreamProcessor:
                 self.flush(confirm_dead_letters=False)  # on the IO thread: no blocking bus calls
             except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
                 log.exception("flushing before a rebalance failed")
-                self._fatal = exc
+                self._fatal = self._fatal or exc
             for tp in revoked:
                 self._assigned.discard((tp.topic, tp.partition))
                 self._next_offset.pop((tp.topic, tp.partition), None)
@@ -535,12 +643,13 @@ class StreamProcessor:
                 self._next_offset[(tp.topic, tp.partition)] = pos
                 self._assigned.add((tp.topic, tp.partition))
             self._ever_assigned = True
+            self.last_message_at = time.monotonic()  # idle time counts from here, not from start-up
             if self.stats.assigned_at is None:
                 self.stats.assigned_at = time.monotonic()
             log.info("partitions assigned: %d", len(assigned))
         except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
             log.exception("preparing assigned partitions failed")
-            self._fatal = exc
+            self._fatal = self._fatal or exc
 
     def delete_orphans(self, owned: set[tuple[str, int]]) -> int:
         """Delete files of ``owned`` (kind, partition)s that no manifest names: a crash's leftovers."""

@@ -119,3 +119,28 @@ def test_compaction_keeps_every_row_and_recovers_after_a_crash(tmp_path) -> None
     assert recover(tmp_path) == 1
     assert not list(hour.glob("w-*")) and not tmp.exists()
     assert open_lake(tmp_path).execute("SELECT count(DISTINCT raw), count(*) FROM kernel").fetchone() == (10, 10)
+
+
+def test_the_batch_decoder_accepts_only_what_the_schema_accepts() -> None:
+    good = schema.encode(_gpu(T0, "n1", [60.0]))
+    # Arrow's JSON reader would take each of these; schema.decode refuses them.
+    lenient = {
+        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":null}]}': "null_field",
+        b'{"v":1,"ts":NaN,"node":"n","gpus":[{"index":0}]}': "malformed_json",
+        b'{"v":1,"ts":1,"node":"n\xff","gpus":[{"index":0}]}': "malformed_json",
+        b'{"v":1,"ts":1,"node":"n","gpus":null}': "null_field",
+    }
+    for bad, reason in lenient.items():
+        assert decode_gpu_batch([good, bad]) is None, bad
+        out = decode_batch("gpu", "t.gpu", 0, [SimpleNamespace(offset=i, key=None, value=v) for i, v in enumerate([good, bad])])
+        assert out.tables["gpu"].num_rows == 1 and [(d.offset, d.reason) for d in out.dead] == [(1, reason)]
+    # Missing GPU fields (no null in the text) still take the defaults in the batch path.
+    assert decode_gpu_batch([good, b'{"v":1,"ts":2,"node":"n","gpus":[{"index":1}]}']).num_rows == 2
+
+
+def test_a_value_the_lake_column_cannot_hold_is_a_dead_letter_not_a_crash() -> None:
+    good = schema.encode(_gpu(T0, "n1", [60.0]))
+    huge = b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"ecc_sbe":99999999999999999999}]}'
+    out = decode_batch("gpu", "t.gpu", 0, [SimpleNamespace(offset=i, key=None, value=v) for i, v in enumerate([good, huge, good])])
+    assert out.tables["gpu"].num_rows == 2
+    assert [(d.offset, d.reason) for d in out.dead] == [(1, "bad_type")]
