@@ -1,0 +1,229 @@
+"""Diagnosis-quality benchmark: a simulator suite through batch diagnosis, plus online latency and scale.
+
+For each scenario of a seeded suite (datasets.suite: every fault kind and
+"healthy" in turn, 2-32 nodes, varied TP/PP/CP and rank orders) the batch
+directory is written, read back with collectors.batch and diagnosed with the
+same engine as ``faultlens diagnose``; the actions are scored against
+truth.json. Printed per fault kind: action accuracy (the decisive action, i.e.
+the strongest one emitted, against ``expected_action``), culprit-node precision
+and recall of evictions, false evictions on kinds that must never evict, and
+for hangs the culprit-inside-evicted-set rate and healthy machines evicted per
+event. Then: Xid record produced to the kernel topic -> action received on the
+actions topic through the embedded broker (p50/p99 over trials), and the batch
+diagnosis time of a one-hour scenario of 1,024 GPUs (128 nodes x 8).
+
+    python benchmarks/diagnosis.py            # 210 scenarios, 50 latency trials, the 1,024-GPU hour
+    python benchmarks/diagnosis.py --quick    # 32 small scenarios, 20 trials, no 1,024-GPU run
+
+Guard rails: the shipped defaults (dry run, 4 nodes per job per hour, 25% of
+a job's nodes). Where a hang's whole parallel group is over that, the engine
+evicts the odd stack's group instead (diagnosis.policy.Policy.decide_hang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from faultlens.collectors.batch import read_batch_dir
+from faultlens.config import Config, GuardConfig
+from faultlens.datasets.scenario import Scenario, scenario_for, write_batch_dir
+from faultlens.datasets.suite import suite_specs
+from faultlens.diagnosis.batch import diagnose_records
+from faultlens.diagnosis.engine import default_detectors
+
+PRIORITY = ["evict_nodes", "adapt_parallelism", "rollback_code", "restart_job", "run_diagnostics", "notify"]
+NEVER_EVICT = ("user_exception", "slow_storage", "nan_loss", "seq_surge", "healthy", "ib_flap_transient")
+EXPLICIT = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error", "ib_link_persistent",
+            "pcie_degradation", "thermal_throttle")
+
+
+def decisive(actions) -> str:
+    types = {a.type for a in actions}
+    return next((t for t in PRIORITY if t in types), "none")
+
+
+def score_suite(n: int, seed: int, max_nodes: int, config: Config, tmp: Path) -> tuple[dict, list[str]]:
+    per = defaultdict(lambda: {"n": 0, "correct": 0, "tp": 0, "fp": 0, "fn": 0, "evicting": 0,
+                               "hang_in": 0, "hang_healthy": [], "groups": 0, "seconds": 0.0})
+    detectors_used: list[str] = []
+    specs = suite_specs(n, seed, max_nodes=max_nodes)
+    for i, spec in enumerate(specs):
+        sc = Scenario(spec)
+        d = write_batch_dir(sc, tmp / spec.name)
+        truth = json.loads((d / "truth.json").read_text())
+        fault = truth["faults"][0] if truth["faults"] else None
+        kind = fault["kind"] if fault else "healthy"
+        expected = fault["expected_action"] if fault else "none"
+        culprits = set(fault["nodes"]) if fault else set()
+        t = time.perf_counter()
+        data = read_batch_dir(d)
+        dets = default_detectors()
+        detectors_used = [x.name for x in dets]
+        _, actions = diagnose_records(data.job, list(data.records()), config, detectors=dets)
+        row = per[kind]
+        row["seconds"] += time.perf_counter() - t
+        row["n"] += 1
+        got = decisive(actions)
+        evicted = {n for a in actions if a.type in ("evict_nodes", "adapt_parallelism") for n in a.nodes}
+        ok = got == expected or (kind == "thermal_throttle" and got == "adapt_parallelism" and culprits <= evicted)
+        row["correct"] += ok
+        if evicted:
+            row["evicting"] += 1
+        row["tp"] += len(evicted & culprits)
+        row["fp"] += len(evicted - culprits)
+        row["fn"] += len(culprits - evicted) if expected == "evict_nodes" else 0
+        if kind == "hang_stuck_rank":
+            row["hang_in"] += bool(culprits & evicted)
+            row["hang_healthy"].append(len(evicted - culprits))
+            row["groups"] += sum(1 for a in actions if a.type == "evict_nodes")
+        shutil.rmtree(d, ignore_errors=True)
+        print(f"\r  {i + 1}/{len(specs)} {spec.name:32}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return per, detectors_used
+
+
+def online_latency(trials: int) -> dict:
+    """Xid KernelEvent produced to the kernel topic -> Action received on the actions topic."""
+    from faultlens.config import BusConfig, DiagnosisConfig
+    from faultlens.diagnosis.online import DiagnosisService
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.schema import JobTopology, KernelEvent
+    from faultlens.stream.topology import Topology
+
+    lat = []
+    with EmbeddedBroker() as broker:
+        bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="bench", linger_ms=0)
+        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="bench-diag"),
+                        guard=GuardConfig(max_evictions_per_job_per_hour=10_000, storm_nodes=10_000,
+                                          max_evicted_fraction=1.0))
+        ensure_topics(bus, broker.bootstrap)
+        service = DiagnosisService(config, bootstrap=broker.bootstrap, poll_timeout_ms=20, from_beginning=True).start()
+        out = Consumer(bus, ["actions"], group_id=None, bootstrap=broker.bootstrap, from_beginning=False)
+        producer = Producer(bus, broker.bootstrap, linger_ms=0)
+        try:
+            for i in range(trials):
+                job = f"lat{i}"
+                topo = Topology.packed(tp=8, pp=1, dp=2, gpus_per_node=8, job=job, node_fmt=f"t{i}n{{:03d}}")
+                producer.send(JobTopology(ts=time.time(), job=job, **{k: v for k, v in topo.to_job_dict().items() if k != "job"}))
+                producer.flush(5)
+                deadline = time.monotonic() + 20
+                while service.engine.job_of_node(f"t{i}n002") != job and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                t0 = time.perf_counter()
+                producer.send(KernelEvent(ts=time.time(), node=f"t{i}n002", kind="xid", xid=79,
+                                          raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."))
+                producer.flush(5)
+                got = None
+                while got is None and time.perf_counter() - t0 < 20:
+                    for m in out.poll(timeout_ms=5):
+                        a = schema.decode("actions", m.value)
+                        if a.job == job:
+                            got = a
+                if got is not None:
+                    lat.append(time.perf_counter() - t0)
+        finally:
+            producer.close()
+            out.close()
+            service.stop()
+    lat.sort()
+    p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")  # noqa: E731
+    return {"trials": trials, "received": len(lat), "p50_s": p(0.5), "p99_s": p(0.99), "max_s": lat[-1] if lat else None}
+
+
+def big_batch(tmp: Path, config: Config) -> dict:
+    sc = scenario_for("gpu_lost", nodes=128, gpus_per_node=8, duration_s=3600.0, seed=7)
+    t = time.perf_counter()
+    d = write_batch_dir(sc, tmp / "big")
+    t_write = time.perf_counter() - t
+    t = time.perf_counter()
+    data = read_batch_dir(d)
+    records = list(data.records())
+    t_read = time.perf_counter() - t
+    t = time.perf_counter()
+    _, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
+    t_diag = time.perf_counter() - t
+    truth = json.loads((d / "truth.json").read_text())
+    shutil.rmtree(d, ignore_errors=True)
+    return {"records": len(records), "write_s": t_write, "read_s": t_read, "diagnose_s": t_diag,
+            "total_s": t_read + t_diag, "actions": [(a.type, a.nodes) for a in actions],
+            "culprit": truth["faults"][0]["nodes"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--n", type=int)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--trials", type=int)
+    args = ap.parse_args()
+    n = args.n or (32 if args.quick else 210)
+    trials = args.trials or (20 if args.quick else 50)
+    config = Config()
+    tmp = Path(tempfile.mkdtemp(prefix="faultlens-bench-diag-"))
+    try:
+        per, detectors = score_suite(n, args.seed, 8 if args.quick else 32, config, tmp)
+        print(f"\nBatch diagnosis of {n} scenarios (seed {args.seed}); detectors: {', '.join(detectors) or 'none'}")
+        print(f"{'kind':20} {'n':>3} {'action acc':>10} {'precision':>9} {'recall':>7} {'evicting':>8} {'s/scen':>7}")
+        totals = {"n": 0, "correct": 0}
+        explicit = {"tp": 0, "fp": 0, "fn": 0}
+        false_evictions = 0
+        for kind in sorted(per):
+            r = per[kind]
+            prec = r["tp"] / (r["tp"] + r["fp"]) if r["tp"] + r["fp"] else float("nan")
+            rec = r["tp"] / (r["tp"] + r["fn"]) if r["tp"] + r["fn"] else float("nan")
+            print(f"{kind:20} {r['n']:>3} {r['correct'] / r['n']:>10.2f} {prec:>9.2f} {rec:>7.2f} {r['evicting']:>8} "
+                  f"{r['seconds'] / r['n']:>7.2f}")
+            totals["n"] += r["n"]
+            totals["correct"] += r["correct"]
+            if kind in EXPLICIT:
+                for k in explicit:
+                    explicit[k] += r[k]
+            if kind in NEVER_EVICT:
+                false_evictions += r["evicting"]
+        hang = per.get("hang_stuck_rank")
+        hang_in = hang["hang_in"] / hang["n"] if hang else None
+        hang_healthy = statistics.mean(hang["hang_healthy"]) if hang and hang["hang_healthy"] else None
+        p_ex = explicit["tp"] / max(1, explicit["tp"] + explicit["fp"])
+        r_ex = explicit["tp"] / max(1, explicit["tp"] + explicit["fn"])
+        print(f"\nexplicit faults: culprit precision {p_ex:.3f}, recall {r_ex:.3f}; false evictions on never-evict kinds: "
+              f"{false_evictions}")
+        if hang:
+            print(f"hangs: culprit inside evicted set {hang_in:.2f}; healthy machines evicted per event "
+                  f"{hang_healthy:.2f}; eviction actions per hang {hang['groups'] / hang['n']:.2f}")
+        lat = online_latency(trials)
+        print(f"\nonline Xid -> action through the embedded broker: {lat['received']}/{lat['trials']} received, "
+              f"p50 {lat['p50_s'] * 1000:.0f} ms, p99 {lat['p99_s'] * 1000:.0f} ms")
+        big = None if args.quick else big_batch(tmp, config)
+        if big:
+            print(f"1,024-GPU one-hour scenario: {big['records']:,} records, read {big['read_s']:.1f} s, "
+                  f"diagnose {big['diagnose_s']:.1f} s (total {big['total_s']:.1f} s); actions {big['actions']} "
+                  f"(culprit {big['culprit']})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {"bench": "diagnosis", "scenarios": n, "seed": args.seed, "detectors": detectors,
+              "action_accuracy": round(totals["correct"] / max(1, totals["n"]), 4),
+              "per_kind_accuracy": {k: round(v["correct"] / v["n"], 3) for k, v in sorted(per.items())},
+              "explicit_precision": round(p_ex, 4), "explicit_recall": round(r_ex, 4),
+              "false_evictions_never_evict_kinds": false_evictions,
+              "hang_culprit_in_evicted": None if hang_in is None else round(hang_in, 3),
+              "hang_healthy_evicted_per_event": None if hang_healthy is None else round(hang_healthy, 2),
+              "online_p50_s": round(lat["p50_s"], 4), "online_p99_s": round(lat["p99_s"], 4),
+              "online_trials": lat["trials"], "online_received": lat["received"],
+              "batch_1024gpu_hour_s": None if not big else round(big["total_s"], 1),
+              "guard_max_evicted_fraction": config.guard.max_evicted_fraction}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""IncidentBook: signals correlated in time and by topology into per-job incidents.
+
+A signal is one piece of evidence already resolved to an incident kind (see
+policy.SignalMatcher). Signals of one kind on one node join that node's open
+incident while they keep coming (bursts.BurstGrouper); a root cause mutes its
+symptoms (inhibit.Inhibitor), and the muted item is recorded on the incident
+that explains it, with the rule. An incident carries its category, suspects
+with scores and reasons, evidence (raw lines, counters, figures, with source and
+time), confidence, status and the ids of the actions taken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultlens.diagnosis.bursts import Burst, BurstGrouper
+from faultlens.diagnosis.inhibit import Cause, Inhibitor
+from faultlens.stream.schema import Incident
+
+KIND_CATEGORY = {
+    "gpu_lost": "gpu_hardware", "gpu_hardware": "gpu_hardware", "ecc_uncorrectable": "gpu_memory",
+    "row_remap_failure": "gpu_memory", "row_remap_pending": "gpu_memory", "retired_pages": "gpu_memory",
+    "nvlink_error": "nvlink", "pcie_degradation": "pcie", "ib_link": "network", "ib_link_recovered": "network",
+    "thermal_throttle": "thermal_power", "fail_slow": "unknown", "host_oom": "host", "hung_task": "host",
+    "user_exception": "user_software", "nan_loss": "unknown", "hang": "unknown", "slow_storage": "storage",
+    "storage": "storage", "seq_surge": "none", "fabric_storm": "network", "unclassified": "unknown",
+}
+KIND_TITLE = {
+    "gpu_lost": "GPU lost (fallen off the bus)", "ecc_uncorrectable": "uncorrectable ECC error",
+    "row_remap_failure": "row remapping failure", "nvlink_error": "NVLink errors", "pcie_degradation": "PCIe degradation",
+    "ib_link": "InfiniBand link down", "thermal_throttle": "thermal throttling", "fail_slow": "fail-slow machine",
+    "host_oom": "host out of memory (OOM killer)", "hung_task": "kernel hung task", "user_exception":
+    "same Python exception on the ranks", "nan_loss": "NaN loss", "hang": "job hang", "slow_storage": "slow storage",
+    "storage": "storage errors", "gpu_hardware": "GPU hardware error", "fabric_storm": "fabric-level storm",
+}
+MAX_EVIDENCE = 40
+
+
+@dataclass
+class Signal:
+    """One piece of evidence resolved to an incident kind."""
+
+    ts: float
+    job: str
+    kind: str
+    role: str  # cause | alert | symptom | job | info
+    confidence: float
+    rule: str
+    source: str
+    text: str
+    node: str | None = None
+    rank: int | None = None
+    gpu: int | None = None
+    category: str | None = None
+    severity: str = "critical"
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def evidence(self) -> dict[str, Any]:
+        ev: dict[str, Any] = {"ts": self.ts, "source": self.source, "rule": self.rule, "text": self.text[:2000]}
+        if self.node is not None:
+            ev["node"] = self.node
+        if self.rank is not None:
+            ev["rank"] = self.rank
+        if self.gpu is not None:
+            ev["gpu"] = self.gpu
+        if self.figures:
+            ev["figures"] = self.figures
+        return ev
+
+
+@dataclass
+class OpenIncident:
+    """An incident being worked on (mutable); ``record()`` is its published form."""
+
+    id: str
+    job: str
+    kind: str
+    node: str | None
+    opened_ts: float
+    updated_ts: float
+    role: str
+    status: str = "open"
+    confidence: float = 0.0
+    suspects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    evidence_count: int = 0
+    muted: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    decided: set[str] = field(default_factory=set)  # action types already taken
+    summary: str = ""
+    bursts: list[Burst] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # policy's working memory (stacks, exceptions...)
+    dirty: bool = True
+
+    @property
+    def category(self) -> str:
+        return KIND_CATEGORY.get(self.kind, "unknown")
+
+    def alerts_within(self, now: float, window_s: float) -> int:
+        return sum(1 for b in self.bursts for t in b.alerts if now - window_s <= t <= now)
+
+    def suspect(self, node: str, score: float, reason: str, *, gpu: int | None = None, rank: int | None = None) -> None:
+        s = self.suspects.setdefault(node, {"node": node, "score": 0.0, "reasons": [], "gpus": [], "ranks": []})
+        s["score"] = round(max(s["score"], score), 4)
+        if reason and reason not in s["reasons"] and len(s["reasons"]) < 8:
+            s["reasons"].append(reason)
+        if gpu is not None and gpu not in s["gpus"]:
+            s["gpus"].append(gpu)
+        if rank is not None and rank not in s["ranks"] and len(s["ranks"]) < 64:
+            s["ranks"].append(rank)
+        self.dirty = True
+
+    def add_evidence(self, signal: Signal) -> None:
+        self.evidence_count += 1
+        if len(self.evidence) < MAX_EVIDENCE:
+            self.evidence.append(signal.evidence())
+        self.updated_ts = max(self.updated_ts, signal.ts)
+        self.dirty = True
+
+    def top_suspects(self) -> list[dict[str, Any]]:
+        return sorted(self.suspects.values(), key=lambda s: (-s["score"], s["node"]))
+
+    def record(self) -> Incident:
+        suspects = []
+        for s in self.top_suspects():
+            entry = {"node": s["node"], "score": s["score"], "reason": "; ".join(s["reasons"])}
+            if s["gpus"]:
+                entry["gpu"] = s["gpus"][0] if len(s["gpus"]) == 1 else s["gpus"]
+            if s["ranks"]:
+                entry["ranks"] = sorted(s["ranks"])
+            suspects.append(entry)
+        where = f" on {self.node}" if self.node else ""
+        return Incident(
+            id=self.id, job=self.job, opened_ts=self.opened_ts, updated_ts=self.updated_ts, status=self.status,
+            category=self.category, kind=self.kind, title=KIND_TITLE.get(self.kind, self.kind) + where,
+            severity="critical" if self.role in ("cause", "alert") else "warning", confidence=round(self.confidence, 4),
+            suspects=suspects, evidence=list(self.evidence), muted=list(self.muted), actions=list(self.actions),
+            summary=self.summary or f"{self.evidence_count} signal(s)",
+        )
+
+
+def incident_id(job: str, kind: str, node: str | None, ts: float) -> str:
+    digest = hashlib.sha1(f"{job}|{kind}|{node}|{ts:.3f}".encode()).hexdigest()[:10]
+    return f"inc-{digest}"
+
+
+class IncidentBook:
+    """Per-job incidents: burst grouping, inhibition, suspects and evidence."""
+
+    def __init__(self, *, burst_gap_s: float, inhibitor: Inhibitor, prior_blames: Any = None,
+                 join_window_s: dict[str, float] | None = None):
+        self.bursts = BurstGrouper(burst_gap_s)
+        self.join_window_s = join_window_s or {}  # per kind: how long an incident stays joinable (network window)
+        self.inhibitor = inhibitor
+        self.prior_blames = prior_blames  # callable node -> int (node health memory), or None
+        self.incidents: dict[str, OpenIncident] = {}
+        self._by_key: dict[tuple[str, str | None, str], str] = {}
+        self.muted_count = 0
+
+    def open_incidents(self, job: str | None = None) -> list[OpenIncident]:
+        return [i for i in self.incidents.values() if i.status == "open" and (job is None or i.job == job)]
+
+    def add(self, signal: Signal) -> OpenIncident | None:
+        """File one signal; returns the incident it joined or opened, None when muted."""
+        node_key = signal.node if signal.role in ("cause", "alert", "symptom", "info") else None
+        if signal.role == "job":
+            node_key = None
+        key = (signal.job, node_key, signal.kind)
+        existing_id = self._by_key.get(key)
+        existing = self.incidents.get(existing_id) if existing_id else None
+        if existing is not None and existing.status == "open" and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
+            burst, _ = self.bursts.add(signal.job, node_key, signal.kind, signal.ts, signal.rule, alert=signal.role == "alert")
+            if burst not in existing.bursts:
+                existing.bursts.append(burst)
+            self._absorb(existing, signal)
+            return existing
+        muted = self.inhibitor.muted_by(signal.kind, signal.role, signal.job, signal.node, signal.ts)
+        if muted is not None:
+            rule, cause = muted
+            self.muted_count += 1
+            host = self.incidents.get(cause.incident_id)
+            if host is not None and len(host.muted) < MAX_EVIDENCE:
+                host.muted.append({"item": f"{signal.kind}: {signal.text[:300]}", "by_rule": rule, "ts": signal.ts,
+                                   "node": signal.node, "rank": signal.rank})
+                host.dirty = True
+            return None
+        if signal.role == "info":
+            return None
+        burst, _ = self.bursts.add(signal.job, node_key, signal.kind, signal.ts, signal.rule, alert=signal.role == "alert")
+        inc = OpenIncident(id=incident_id(signal.job, signal.kind, node_key, signal.ts), job=signal.job, kind=signal.kind,
+                           node=node_key, opened_ts=signal.ts, updated_ts=signal.ts, role=signal.role, bursts=[burst])
+        self.incidents[inc.id] = inc
+        self._by_key[key] = inc.id
+        self._absorb(inc, signal)
+        if signal.role in ("cause", "alert"):
+            self.inhibitor.note_cause(Cause(signal.kind, signal.job, signal.node, signal.ts, inc.id))
+            self._mute_existing(inc)
+        return inc
+
+    def _absorb(self, inc: OpenIncident, signal: Signal) -> None:
+        inc.add_evidence(signal)
+        if signal.role in ("cause", "alert"):
+            inc.confidence = max(inc.confidence, signal.confidence)
+        elif inc.role not in ("cause", "alert"):
+            inc.confidence = max(inc.confidence, signal.confidence)
+        if signal.node is not None and signal.role != "job":
+            score = signal.confidence
+            prior = self.prior_blames(signal.node) if self.prior_blames else 0
+            reason = f"{signal.rule}: {signal.text.strip().splitlines()[0][:160] if signal.text.strip() else signal.kind}"
+            if prior:
+                score = min(1.0, score + 0.02 * prior)
+                reason += f" (blamed in {prior} earlier incident(s))"
+            inc.suspect(signal.node, score, reason, gpu=signal.gpu, rank=signal.rank)
+
+    def promote_cause(self, inc: OpenIncident) -> None:
+        """A job-level incident that was acted on (user exception -> rollback) now explains symptoms too."""
+        if inc.state.get("is_cause") or inc.role in ("cause", "alert"):
+            return
+        inc.state["is_cause"] = True
+        self.inhibitor.note_cause(Cause(inc.kind, inc.job, inc.node, inc.opened_ts, inc.id))
+        self._mute_existing(inc)
+
+    def _mute_existing(self, cause_inc: OpenIncident) -> None:
+        """A new cause mutes open symptom incidents of its job that nothing has acted on yet."""
+        for other in self.open_incidents(cause_inc.job):
+            if other is cause_inc or other.actions or other.role in ("cause", "alert") or other.state.get("is_cause"):
+                continue
+            muted = self.inhibitor.muted_by(other.kind, other.role, other.job, other.node, other.opened_ts,
+                                            exclude_incident=other.id)
+            if muted is not None and muted[1].incident_id == cause_inc.id:
+                other.status = "resolved"
+                other.summary = f"muted by {muted[0]}: explained by incident {cause_inc.id} ({cause_inc.kind})"
+                other.dirty = True
+                cause_inc.muted.append({"item": f"incident {other.id} ({other.kind})", "by_rule": muted[0],
+                                        "ts": other.opened_ts, "node": other.node})
+                self.muted_count += 1
+
+    def job_incident(self, job: str, kind: str, ts: float, *, role: str = "job", confidence: float = 0.5,
+                     text: str = "", rule: str = "engine", source: str = "steps",
+                     figures: dict[str, Any] | None = None) -> OpenIncident | None:
+        """Open (or join) a job-level incident such as a hang; None when muted."""
+        return self.add(Signal(ts=ts, job=job, kind=kind, role=role, confidence=confidence, rule=rule,
+                               source=source, text=text or kind, figures=figures or {}))
+
+    def join_gap(self, kind: str) -> float:
+        return max(self.bursts.gap_s, self.join_window_s.get(kind, 0.0))
+
+    def dirty(self) -> list[OpenIncident]:
+        out = [i for i in self.incidents.values() if i.dirty]
+        for i in out:
+            i.dirty = False
+        return out
+
+    def close_idle(self, now: float) -> list[OpenIncident]:
+        """Incidents whose bursts all went quiet: resolved unless the policy still waits on them."""
+        self.bursts.close_idle(now)
+        closed = []
+        for inc in self.open_incidents():
+            if inc.state.get("pending") or now - inc.updated_ts <= self.join_gap(inc.kind):
+                continue
+            if not inc.actions and inc.kind == "ib_link":
+                inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"
+            inc.status = "mitigated" if inc.actions else "resolved"
+            inc.dirty = True
+            closed.append(inc)
+        return closed

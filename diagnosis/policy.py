@@ -1,0 +1,261 @@
+"""Remediation policy (catalogs/policy.toml): which incident kind a record signals, and what to do.
+
+Two halves, both data:
+
+* ``SignalMatcher``: a raw record (kernel/NCCL line) or a finding (counter rule,
+  detector) -> a ``Signal`` of one incident kind with a role and a confidence.
+  Matching uses the parser's fields (Xid, record kind) and a regex on the raw
+  text, so it does not depend on how a line was explained.
+* ``Policy.decide``: an incident -> a ``Decision`` (action type, nodes, reason,
+  confidence), ByteRobust's routing: an explicit machine fault with high
+  confidence is evicted at once; network alerts are tolerated until repeated
+  (two within five minutes); the same Python exception on most ranks is rolled
+  back, never evicted; a hang is demarcated from stacks; NaN loss with no
+  culprit goes to stop-time diagnostics; anything uncertain is a notification.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlens.diagnosis.incidents import OpenIncident, Signal
+from faultlens.diagnosis.rules import CATALOGS, load_toml
+from faultlens.errors import CatalogError
+from faultlens.stream.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
+
+ROUTE_ACTIONS = (*ACTION_TYPES, "stacks", "none")
+ROLES = ("cause", "alert", "symptom", "job", "info")
+SOURCES = ("kernel", "nccl", "gpu", "steps", "stacks", "model")
+
+
+@dataclass(frozen=True)
+class SignalRule:
+    name: str
+    source: str
+    role: str
+    confidence: float
+    kind: str | None = None
+    xid: tuple[int, ...] = ()
+    record_kind: tuple[str, ...] = ()
+    finding_kind: tuple[str, ...] = ()
+    pattern: re.Pattern[str] | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str
+    action: str
+    min_confidence: float = 0.0
+    repeat: int = 1
+    window_s: float = 300.0
+    min_rank_fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class Decision:
+    type: str  # one of ACTION_TYPES
+    nodes: tuple[str, ...]
+    reason: str
+    confidence: float
+    plan: dict[str, Any] | None = None
+
+
+@dataclass
+class PolicyCatalog:
+    signals: list[SignalRule]
+    routes: dict[str, Route]
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None = None,
+                network_window_s: float | None = None) -> PolicyCatalog:
+    """Load policy.toml; a bad entry fails naming file and entry."""
+    path = path or CATALOGS / "policy.toml"
+    data = load_toml(path)
+    signals = []
+    for i, entry in enumerate(data.get("signal", [])):
+        name = str(entry.get("name", f"#{i}"))
+        e = dict(entry)
+        try:
+            pattern = re.compile(e.pop("pattern"), re.IGNORECASE) if "pattern" in e else None
+            for k in ("xid", "record_kind", "finding_kind"):
+                if k in e:
+                    e[k] = tuple(e[k])
+            rule = SignalRule(pattern=pattern, **e)
+        except (TypeError, re.error) as exc:
+            raise CatalogError(str(exc), file=str(path), entry=name) from None
+        if rule.source not in SOURCES:
+            raise CatalogError(f"source {rule.source!r} not in {SOURCES}", file=str(path), entry=name)
+        if rule.role not in ROLES:
+            raise CatalogError(f"role {rule.role!r} not in {ROLES}", file=str(path), entry=name)
+        if rule.kind is None and not rule.finding_kind:
+            raise CatalogError("a signal needs kind (or finding_kind to keep the finding's kind)", file=str(path), entry=name)
+        signals.append(rule)
+    routes = {}
+    for kind, entry in data.get("route", {}).items():
+        try:
+            route = Route(kind=kind, **entry)
+        except TypeError as exc:
+            raise CatalogError(str(exc), file=str(path), entry=f"route.{kind}") from None
+        if route.action not in ROUTE_ACTIONS:
+            raise CatalogError(f"action {route.action!r} not in {ROUTE_ACTIONS}", file=str(path), entry=f"route.{kind}")
+        routes[kind] = route
+    for s in signals:
+        if s.kind and s.kind not in routes and s.role != "info":
+            raise CatalogError(f"kind {s.kind!r} has no [route.{s.kind}]", file=str(path), entry=s.name)
+    if "ib_link" in routes and (network_alerts_to_evict is not None or network_window_s is not None):
+        r = routes["ib_link"]
+        routes["ib_link"] = Route(r.kind, r.action, r.min_confidence,
+                                  network_alerts_to_evict if network_alerts_to_evict is not None else r.repeat,
+                                  network_window_s if network_window_s is not None else r.window_s, r.min_rank_fraction)
+    return PolicyCatalog(signals, routes, dict(data.get("steps", {})))
+
+
+class SignalMatcher:
+    """Resolves records and findings to incident signals (first matching rule wins)."""
+
+    def __init__(self, rules: list[SignalRule]):
+        self.rules = rules
+
+    def match_record(self, record: KernelEvent | NcclEvent, job: str, *, finding: Finding | None = None,
+                     rank: int | None = None) -> Signal | None:
+        source = "kernel" if isinstance(record, KernelEvent) else "nccl"
+        xid = getattr(record, "xid", None)
+        for rule in self.rules:
+            if rule.source != source:
+                continue
+            if rule.xid and xid not in rule.xid:
+                continue
+            if rule.record_kind and record.kind not in rule.record_kind:
+                continue
+            if rule.pattern is not None and not rule.pattern.search(record.raw):
+                continue
+            if not (rule.xid or rule.record_kind or rule.pattern):
+                continue
+            return Signal(
+                ts=record.ts, job=job, kind=rule.kind or record.kind, role=rule.role, confidence=rule.confidence,
+                rule=f"policy:{rule.name}", source=source, text=record.raw, node=record.node,
+                rank=rank if rank is not None else record.rank, gpu=getattr(record, "gpu", None),
+                category=finding.category if finding else None,
+                severity=finding.severity if finding else "critical",
+                figures={"xid": xid} if xid is not None else {},
+            )
+        return None
+
+    def match_finding(self, finding: Finding, job: str) -> Signal | None:
+        source = "model" if finding.source.startswith("model") else finding.source
+        for rule in self.rules:
+            if rule.source != source or not rule.finding_kind or finding.kind not in rule.finding_kind:
+                continue
+            return Signal(
+                ts=finding.ts, job=finding.job or job, kind=rule.kind or finding.kind, role=rule.role,
+                confidence=finding.confidence if rule.confidence < 0 else rule.confidence,
+                rule=finding.rule, source=finding.source, text=finding.text, node=finding.node, rank=finding.rank,
+                gpu=finding.gpu, category=finding.category, severity=finding.severity, figures=dict(finding.figures),
+            )
+        return None
+
+
+class Policy:
+    """Routes an incident to a decision; returns None while the route is still waiting."""
+
+    def __init__(self, catalog: PolicyCatalog):
+        self.catalog = catalog
+
+    def route(self, kind: str) -> Route:
+        return self.catalog.routes.get(kind) or self.catalog.routes.get("unclassified") or Route(kind, "notify")
+
+    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | None:
+        route = self.route(inc.kind)
+        suspects = inc.top_suspects()
+        top_nodes = _top_nodes(suspects)
+        conf = inc.confidence
+        if route.action == "none":
+            return None
+        if route.action == "stacks":
+            return None  # the engine runs the stack workflow and calls decide_hang
+        if inc.kind == "user_exception" or route.action == "rollback_code":
+            return self._decide_exception(inc, route, world_size)
+        if route.repeat > 1:
+            alerts = inc.alerts_within(now, route.window_s)
+            if alerts < route.repeat:
+                return None  # tolerated until repeated (NICs and switches flap and recover)
+            return Decision("evict_nodes", top_nodes, f"{alerts} network alerts within {route.window_s:.0f} s on "
+                            f"{', '.join(top_nodes)}", conf)
+        if route.action == "evict_nodes":
+            if conf < route.min_confidence or not top_nodes:
+                return Decision("notify", top_nodes, f"{inc.kind} below the confidence to evict "
+                                f"({conf:.2f} < {route.min_confidence:.2f})", conf)
+            return Decision("evict_nodes", top_nodes, f"explicit machine fault ({inc.kind}) on {', '.join(top_nodes)}", conf)
+        if conf < route.min_confidence:
+            return Decision("notify", top_nodes, f"{inc.kind} uncertain ({conf:.2f})", conf)
+        reasons = {
+            "restart_job": f"{inc.kind}: transient or process-level fault, restart in place",
+            "run_diagnostics": f"{inc.kind}: no clear culprit, run stop-time diagnostics",
+            "notify": f"{inc.kind}: a person should look",
+        }
+        return Decision(route.action, top_nodes, reasons.get(route.action, inc.kind), conf)
+
+    def _decide_exception(self, inc: OpenIncident, route: Route, world_size: int | None) -> Decision | None:
+        ranks: dict[str, set[int]] = inc.state.get("exception_ranks", {})
+        if not ranks:
+            return None
+        text, holders = max(ranks.items(), key=lambda kv: len(kv[1]))
+        reporting = set().union(*ranks.values())
+        denominator = max(world_size or 0, len(reporting), 1)
+        fraction = len(holders) / denominator
+        if fraction >= route.min_rank_fraction:
+            return Decision("rollback_code", (), f"the same exception on {len(holders)}/{denominator} ranks: "
+                            f"{text[:200]} (user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
+        return None
+
+    def decide_hang(self, inc: OpenIncident, verdict: Any | None, *, stacks_expected: bool,
+                    max_nodes: int | None = None) -> Decision:
+        """After stacks were aggregated (or none came): evict the demarcated group, else diagnose.
+
+        When the group holding every outlier is larger than ``max_nodes`` (what the guard rails would
+        allow), the odd one out among the outliers (a stack no other rank shares) is evicted instead.
+        """
+        if verdict is not None and verdict.demarcation is not None:
+            d = verdict.demarcation
+            narrowed = ""
+            if max_nodes is not None and len(d.nodes) > max_nodes and verdict.narrowed is not None \
+                    and len(verdict.narrowed.nodes) <= max_nodes:
+                narrowed = (f" (the whole {d.label} group is {len(d.nodes)} machines, over the blast radius; "
+                            f"narrowed to the odd stack's {verdict.narrowed.label} group)")
+                d = verdict.narrowed
+            return Decision("evict_nodes", tuple(d.nodes),
+                            f"stack aggregation: outlier ranks {_ranges(verdict.outliers)} lie in one "
+                            f"{verdict.demarcation.label} group; over-evicting {len(d.nodes)} machine(s){narrowed}", 0.9,
+                            plan={"group": d.label, "group_ranks": list(d.ranks), "outliers": verdict.outliers,
+                                  "missing": verdict.missing})
+        if verdict is not None and not verdict.outliers:
+            return Decision("notify", (), "hang, but every rank shows the same stack: no machine to blame", 0.5)
+        if verdict is not None:
+            return Decision("run_diagnostics", (), f"hang with {len(verdict.outliers)} outlier ranks in no single "
+                            "parallel group: stop-time diagnostics", 0.5)
+        why = "no stacks were collected" if stacks_expected else "no stacks in the input"
+        return Decision("run_diagnostics", (), f"hang ({why}): stop-time diagnostics rather than a guess", 0.5)
+
+
+def _top_nodes(suspects: list[dict[str, Any]]) -> tuple[str, ...]:
+    if not suspects:
+        return ()
+    best = suspects[0]["score"]
+    return tuple(s["node"] for s in suspects if s["score"] >= best - 1e-9)
+
+
+def _ranges(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    out, start, prev = [], ranks[0], ranks[0]
+    for r in ranks[1:] + [math.inf]:  # type: ignore[list-item]
+        if r != prev + 1:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = r
+        prev = r
+    return ",".join(out)

@@ -1,0 +1,45 @@
+"""The online service through the real embedded broker: a kernel Xid record -> an action on the actions topic."""
+
+import time
+
+import orjson
+import pytest
+
+from faultlens.config import Config, DiagnosisConfig
+from faultlens.diagnosis.online import DiagnosisService
+from faultlens.stream import schema
+from faultlens.stream.bus import Consumer, Producer, ensure_topics
+from faultlens.stream.schema import JobTopology, KernelEvent
+from faultlens.stream.topology import Topology
+
+pytestmark = pytest.mark.broker
+
+
+def test_xid_to_action_through_the_bus(bus, broker):
+    config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{bus.topic_prefix}-diag"))
+    ensure_topics(bus, broker.bootstrap)
+    service = DiagnosisService(config, bootstrap=broker.bootstrap, from_beginning=True).start()
+    actions = Consumer(bus, ["actions"], group_id=None, bootstrap=broker.bootstrap)
+    try:
+        topo = Topology.packed(tp=8, pp=1, dp=2, gpus_per_node=8, job="j9")
+        with Producer(bus, broker.bootstrap) as producer:
+            producer.send(JobTopology(ts=time.time(), job="j9", **{k: v for k, v in topo.to_job_dict().items() if k != "job"}))
+            producer.flush(5)
+            deadline = time.monotonic() + 30
+            while service.engine.job_of_node("n002") != "j9" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            producer.send(KernelEvent(ts=time.time(), node="n002", kind="xid", xid=79,
+                                      raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."))
+            producer.flush(5)
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = actions.poll(timeout_ms=200)
+        assert got, "no action within 30 s"
+        event = orjson.loads(got[0].value)
+        assert event["specversion"] == "1.0" and event["subject"] == "j9"
+        action = schema.decode("actions", got[0].value)
+        assert action.type == "evict_nodes" and action.nodes == ["n002"] and action.dry_run
+    finally:
+        actions.close()
+        service.stop()
