@@ -93,6 +93,13 @@ class OpenIncident:
     bursts: list[Burst] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # policy's working memory (stacks, exceptions...)
     dirty: bool = True
+    published: tuple[Any, ...] | None = None  # material state last published
+    published_ts: float = float("-inf")
+
+    def material(self) -> tuple[Any, ...]:
+        """What a consumer must hear about at once; more evidence alone can wait."""
+        return (self.status, self.kind, self.role, round(self.confidence, 2), tuple(self.actions), len(self.muted),
+                tuple((s["node"], s["score"]) for s in self.top_suspects()))
 
     @property
     def category(self) -> str:
@@ -150,8 +157,9 @@ class IncidentBook:
     """Per-job incidents: burst grouping, inhibition, suspects and evidence."""
 
     def __init__(self, *, burst_gap_s: float, inhibitor: Inhibitor, prior_blames: Any = None,
-                 join_window_s: dict[str, float] | None = None):
+                 join_window_s: dict[str, float] | None = None, update_interval_s: float = 60.0):
         self.bursts = BurstGrouper(burst_gap_s)
+        self.update_interval_s = update_interval_s
         self.join_window_s = join_window_s or {}  # per kind: how long an incident stays joinable (network window)
         self.inhibitor = inhibitor
         self.prior_blames = prior_blames  # callable node -> int (node health memory), or None
@@ -248,9 +256,18 @@ class IncidentBook:
         return max(self.bursts.gap_s, self.join_window_s.get(kind, 0.0))
 
     def dirty(self) -> list[OpenIncident]:
-        out = [i for i in self.incidents.values() if i.dirty]
-        for i in out:
-            i.dirty = False
+        """Incidents to publish: a material change at once, new evidence alone at most
+        every ``update_interval_s`` of record time (a hang's watchdog lines from every
+        rank would otherwise re-publish the incident once a second)."""
+        out = []
+        for i in self.incidents.values():
+            if not i.dirty:
+                continue
+            material = i.material()
+            if material != i.published or i.updated_ts - i.published_ts >= self.update_interval_s:
+                i.dirty = False
+                i.published, i.published_ts = material, i.updated_ts
+                out.append(i)
         return out
 
     def close_idle(self, now: float) -> list[OpenIncident]:

@@ -8,6 +8,7 @@ actions as CloudEvents). A record that does not decode is counted and skipped.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -30,18 +31,45 @@ class DiagnosisService:
 
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
-                 from_beginning: bool = False):
+                 from_beginning: bool = False, unknown_hold_s: float = 3.0):
         self.config = config
         self.bootstrap = bootstrap
         self.engine = DiagnosisEngine(config, detectors=detectors, node_health=node_health, batch=False)
         self.tick_interval_s = tick_interval_s
         self.poll_timeout_ms = poll_timeout_ms
         self.from_beginning = from_beginning
+        self.unknown_hold_s = unknown_hold_s
+        self._held: collections.deque[tuple[float, Any]] = collections.deque()
+        self._seen_topology = False
         self.decode_errors = 0
         self.produced = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
+
+    def _hold(self, record: Any) -> bool:
+        """Hold a node's records briefly while its job is unknown (the topology may be a
+        poll behind), so one fault does not open an incident under job "unknown" too."""
+        node = getattr(record, "node", None)
+        if record.KIND == "jobs":
+            self._seen_topology = True
+        if not self._seen_topology or self.unknown_hold_s <= 0 or node is None or record.KIND in ("jobs", "steps"):
+            return False
+        if self._held or self.engine.job_of_node(node) == "unknown":
+            self._held.append((time.monotonic(), record))
+            return True
+        return False
+
+    def _release(self) -> list[Any]:
+        out: list[Any] = []
+        now = time.monotonic()
+        while self._held:
+            since, record = self._held[0]
+            if self.engine.job_of_node(record.node) == "unknown" and now - since < self.unknown_hold_s:
+                break
+            self._held.popleft()
+            out.extend(self.engine.observe(record))
+        return out
 
     def serve(self, *, max_seconds: float | None = None) -> None:
         ensure_topics(self.config.bus, self.bootstrap)
@@ -57,6 +85,8 @@ class DiagnosisService:
                 if not self.ready.is_set() and consumer.raw.assignment():
                     self.ready.set()
                 outputs: list[Any] = []
+                # A job's topology first: records of its nodes can then be filed under it.
+                msgs.sort(key=lambda m: m.kind != "jobs")
                 for m in msgs:
                     try:
                         record = schema.decode(m.kind, m.value)
@@ -64,7 +94,10 @@ class DiagnosisService:
                         self.decode_errors += 1
                         log.warning("skipping undecodable %s message at offset %d: %s", m.topic, m.offset, exc)
                         continue
+                    if self._hold(record):
+                        continue
                     outputs.extend(self.engine.observe(record))
+                outputs.extend(self._release())
                 now_wall = time.monotonic()
                 if now_wall - last_tick >= self.tick_interval_s:
                     last_tick = now_wall

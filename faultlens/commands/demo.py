@@ -1,0 +1,167 @@
+"""``faultlens demo``: the whole pipeline on a simulated cluster, printing incidents and actions.
+
+Starts (each the real ``faultlens`` command in its own process): the embedded
+Kafka-protocol broker when no bootstrap servers are configured, the stream
+processor, online diagnosis, the dry-run runner, the explorer, and a simulated
+16-node x 8-GPU cluster whose virtual nodes each run the real agent code. It
+then injects the demo's fault sequence (Xid 79, a thermal fail-slow, a hang
+with a stuck rank, a user-code exception, a transient link flap) and prints
+each incident and action as it appears. Ctrl-C stops everything, newest first,
+so the lake is flushed and readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from faultlens.config import Config
+
+HELP = __doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else "run the demo"
+EXAMPLE = "faultlens demo --nodes 16 --speed 20 --workdir demo-run"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=16, help="virtual nodes (8 GPUs each)")
+    p.add_argument("--speed", type=float, default=20.0, help="simulated seconds per real second")
+    p.add_argument("--segment", type=float, default=300.0, help="simulated seconds per injected fault")
+    p.add_argument("--workdir", default="demo-run", help="lake, catalogs, logs and virtual nodes' files")
+    p.add_argument("--no-ui", action="store_true", help="do not start the Streamlit explorer")
+    p.add_argument("--port", type=int, default=None, help="explorer port (default: [ui] port, or a free one)")
+    p.add_argument("--keep", action="store_true", help="keep an existing workdir (default: start afresh)")
+    p.add_argument("--exit-after-s", type=float, default=None,
+                   help="stop by itself after this many seconds (default: run until Ctrl-C)")
+
+
+def _free_port(preferred: int) -> int:
+    import socket
+
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return s.getsockname()[1]
+            except OSError:
+                continue
+    return preferred
+
+
+def service_env(workdir: Path, bootstrap: str) -> dict[str, str]:
+    """The environment that points every service at one bus and one work directory."""
+    return {
+        "FAULTLENS_BOOTSTRAP": bootstrap,
+        "FAULTLENS_LAKE_PATH": str(workdir / "lake"),
+        "FAULTLENS_LAKE_CATALOG_PATH": str(workdir / "stream-catalog.duckdb"),
+        "FAULTLENS_LAKE_FLUSH_INTERVAL_S": "2",
+        "FAULTLENS_DIAGNOSIS_CATALOG_PATH": str(workdir / "diagnosis.duckdb"),
+        "FAULTLENS_RUNNER_STATE_PATH": str(workdir / "runner-ledger.jsonl"),
+    }
+
+
+def start_pipeline(sup: Any, *, nodes: int, speed: float, segment: float, workdir: Path,
+                   faults: list[str] | None = None) -> None:
+    """Processor, diagnosis, runner and the live simulated cluster (the order they must start in)."""
+    sup.start("stream", "stream")
+    sup.start("diagnose", "diagnose")
+    sup.start("runner", "runner")
+    sim = ["simulate", "live", "--nodes", str(nodes), "--speed", str(speed), "--segment", str(segment),
+           "--workdir", str(workdir / "cluster")]
+    for f in faults or []:
+        sim += ["--fault", f]
+    sup.start("cluster", *sim)
+
+
+def _describe(kind: str, data: dict[str, Any]) -> str:
+    if kind == "incidents":
+        sus = ", ".join(f"{s.get('node')}" + (f" gpu {s['gpu']}" if s.get("gpu") is not None else "")
+                        for s in data.get("suspects", [])[:4])
+        return (f"[bold red]INCIDENT[/] {data.get('id')} [{data.get('status')}] {data.get('severity')} "
+                f"{data.get('category')}/{data.get('kind')}: {data.get('title')}" + (f"  suspects: {sus}" if sus else ""))
+    nodes = ",".join(data.get("nodes", []))
+    dry = " (dry-run)" if data.get("dry_run") else ""
+    return (f"[bold yellow]ACTION[/] {data.get('type')}{dry} job {data.get('job')}"
+            + (f" nodes {nodes}" if nodes else "") + f" conf {data.get('confidence', 0):.2f}: {data.get('reason', '')}")
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import orjson
+    from rich.console import Console
+
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus import Consumer, ensure_topics
+    from faultlens.supervise import Supervisor
+
+    console = Console()
+    workdir = Path(args.workdir).resolve()
+    if workdir.exists() and not args.keep:
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    broker = None
+    bootstrap = config.bus.bootstrap_servers
+    if not bootstrap:
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+        console.print(f"embedded Kafka-protocol broker (Tansu, memory only) at [bold]{bootstrap}[/]")
+    ensure_topics(config.bus, bootstrap)
+    sup = Supervisor(workdir, service_env(workdir, bootstrap))
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    consumer = None
+    try:
+        if not args.no_ui:
+            port = args.port or _free_port(config.ui.port)
+            sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
+            console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {workdir / 'logs'})")
+        start_pipeline(sup, nodes=args.nodes, speed=args.speed, segment=args.segment, workdir=workdir)
+        console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x; injecting: Xid 79, thermal "
+                      "fail-slow, hang with a stuck rank, user-code exception, transient link flap. Ctrl-C stops.")
+        consumer = Consumer(config.bus, ["incidents", "actions"], group_id=None, bootstrap=bootstrap)
+        first = None
+        sequence_done = False
+        seen: dict[str, tuple[Any, ...]] = {}
+        deadline = None if args.exit_after_s is None else started + args.exit_after_s
+        while not stop.is_set():
+            for m in consumer.poll(500):
+                try:
+                    env = orjson.loads(m.value)
+                except orjson.JSONDecodeError:
+                    continue
+                data = env.get("data", env) if isinstance(env, dict) else {}
+                if m.kind == "incidents":
+                    # Print an incident when it opens or its status/suspects/actions change.
+                    state = (data.get("status"), tuple(data.get("actions", [])),
+                             tuple(s.get("node") for s in data.get("suspects", [])))
+                    if seen.get(data.get("id")) == state:
+                        continue
+                    seen[data.get("id")] = state
+                if first is None:
+                    first = time.monotonic() - started
+                    console.print(f"[dim]first {m.kind[:-1]} {first:.0f} s after start[/]")
+                console.print(_describe(m.kind, data))
+            crashed = [c for c in sup.check() if c.name != "cluster"]
+            if crashed:
+                for c in crashed:
+                    console.print(f"[red]{c.name} exited ({c.proc.returncode}); last lines:[/]\n{sup.tail(c.name)}")
+                return 1
+            cluster = next(c for c in sup.children if c.name == "cluster")
+            if not cluster.alive() and not sequence_done:
+                sequence_done = True
+                console.print("fault sequence done; the explorer stays up. Ctrl-C stops everything.")
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    finally:
+        if consumer is not None:
+            consumer.close()
+        console.print("stopping services ...")
+        sup.stop()
+        if broker is not None:
+            broker.stop()
+        console.print(f"lake kept at {workdir / 'lake'} (faultlens ui --lake {workdir / 'lake'})")
+    return 0
