@@ -1,0 +1,305 @@
+"""Fault classifier: names the fault category of a machine from its window features.
+
+Gradient-boosted trees (xgboost; the project installs the ``xgboost-cpu`` wheel,
+which provides the same ``xgboost`` module without the several-hundred-MB NCCL
+package a CPU-only classifier never uses) over ``features.FEATURES``.
+
+Classes are the simulator's fault kinds (the shared vocabulary in the project
+brief: gpu_lost, ecc_uncorrectable, ..., seq_surge) plus ``healthy``: the kinds
+say both what broke and what to do (``KIND_ACTION``), which DESIGN's coarser
+explain categories do not; ``KIND_CATEGORY`` maps each kind onto them.
+
+A model is saved as a directory: ``model.ubj`` (xgboost's binary JSON) and
+``model.json`` (feature list, feature-set version, classes, parameters,
+training metadata). Loading a model built for another feature set fails with
+``FeatureMismatch`` naming both versions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from faultlens.errors import FeatureMismatch, ModelError, NotFittedError
+from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
+from faultlens.models.params import load_params
+from faultlens.models.predictor import _columns
+from faultlens.stream.schema import Finding
+from faultlens.stream.topology import Topology
+
+HEALTHY = "healthy"
+KIND_CATEGORY = {
+    "gpu_lost": "gpu_hardware", "ecc_uncorrectable": "gpu_memory", "row_remap_failure": "gpu_memory",
+    "nvlink_error": "nvlink", "ib_link_persistent": "network", "ib_flap_transient": "network",
+    "pcie_degradation": "pcie", "thermal_throttle": "thermal_power", "host_oom": "host", "hung_task": "host",
+    "user_exception": "user_software", "nan_loss": "unknown", "hang_stuck_rank": "unknown",
+    "slow_storage": "storage", "seq_surge": "none", HEALTHY: "none",
+}
+KIND_ACTION = {  # per-line action vocabulary
+    "gpu_lost": "evict_node", "ecc_uncorrectable": "evict_node", "row_remap_failure": "evict_node",
+    "nvlink_error": "evict_node", "ib_link_persistent": "evict_node", "ib_flap_transient": "none",
+    "pcie_degradation": "evict_node", "thermal_throttle": "evict_node", "host_oom": "restart_job",
+    "hung_task": "run_diagnostics", "user_exception": "rollback_code", "nan_loss": "run_diagnostics",
+    "hang_stuck_rank": "evict_node", "slow_storage": "notify", "seq_surge": "none", HEALTHY: "none",
+}
+# Faults of the whole job, not of a machine: every machine's window carries the label.
+JOB_WIDE_KINDS = frozenset({"user_exception", "nan_loss", "slow_storage", "seq_surge"})
+MODEL_FILE = "model.ubj"
+SIDECAR_FILE = "model.json"
+
+
+def window_label(truth: dict[str, Any], node: str, start_ts: float, end_ts: float, *,
+                 linger_s: float = 0.0) -> str:
+    """The class of ``node`` in [start_ts, end_ts) by a truth.json: the fault active there, or healthy.
+
+    A machine fault labels only the machines it names, from the window its onset
+    falls in (its evidence may be one line); a fault that ended still labels
+    windows up to ``linger_s`` later (the features' event lookback still shows
+    it). A job-wide fault labels every machine, in windows it covers at least
+    half of (its evidence is the step statistics of the window). When two
+    overlap, the one named first in truth.json wins.
+    """
+    for fault in truth.get("faults", []):
+        onset = float(fault.get("onset_ts", math.inf))
+        end = fault.get("end_ts")
+        kind = fault["kind"]
+        named = set(fault.get("nodes") or [])
+        if kind in JOB_WIDE_KINDS:
+            stop = end_ts if end is None else min(float(end), end_ts)
+            if stop - max(onset, start_ts) >= 0.5 * (end_ts - start_ts):
+                return kind
+            continue
+        if onset >= end_ts or (end is not None and float(end) + linger_s <= start_ts):
+            continue
+        if not named or node in named:
+            return kind
+    return HEALTHY
+
+
+class FaultClassifier:
+    """xgboost over window feature rows; classes are fault kinds plus ``healthy``."""
+
+    name = "fault_classifier"
+
+    def __init__(self, *, n_estimators: int = 150, max_depth: int = 5, learning_rate: float = 0.2,
+                 seed: int = 0, features: tuple[str, ...] = FEATURES) -> None:
+        self.params = {"n_estimators": n_estimators, "max_depth": max_depth, "learning_rate": learning_rate,
+                       "seed": seed}
+        self.features = tuple(features)
+        self.classes_: list[str] | None = None
+        self.metadata: dict[str, Any] = {}
+        self._booster: Any = None
+
+    def _xgb(self):  # noqa: ANN202 - the xgboost module
+        try:
+            import xgboost
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ModelError("the fault classifier needs xgboost: pip install 'faultlens[ml]'") from exc
+        return xgboost
+
+    def fit(self, X: Any, y: Iterable[str], *, metadata: dict[str, Any] | None = None) -> FaultClassifier:
+        xgb = self._xgb()
+        M = _columns(X, self.features)
+        labels = [str(v) for v in y]
+        classes = sorted(set(labels))
+        if len(classes) < 2:
+            raise ModelError(f"the classifier needs at least two classes, got {classes}")
+        index = {c: i for i, c in enumerate(classes)}
+        target = np.array([index[v] for v in labels])
+        counts = Counter(labels)
+        # Balance classes: a fault seen in 20 windows must weigh as much as 20,000 healthy ones.
+        weight = np.array([len(labels) / (len(classes) * counts[v]) for v in labels])
+        dtrain = xgb.DMatrix(M, label=target, weight=weight, feature_names=list(self.features))
+        p = self.params
+        booster_params = {"objective": "multi:softprob", "num_class": len(classes), "max_depth": p["max_depth"],
+                          "eta": p["learning_rate"], "seed": p["seed"], "nthread": 1, "tree_method": "hist",
+                          "eval_metric": "mlogloss", "verbosity": 0}
+        self._booster = xgb.train(booster_params, dtrain, num_boost_round=p["n_estimators"])
+        self.classes_ = classes
+        self.metadata = {"trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "rows": len(labels), "class_counts": dict(sorted(counts.items())),
+                         "xgboost": xgb.__version__, "python": platform.python_version(), **(metadata or {})}
+        return self
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        if self._booster is None or self.classes_ is None:
+            raise NotFittedError("fault classifier used before fit (train one with `faultlens train`)")
+        M = _columns(X, self.features)
+        return self.predict_proba_matrix(M)
+
+    def predict_proba_matrix(self, M: np.ndarray) -> np.ndarray:
+        if self._booster is None:
+            raise NotFittedError("fault classifier used before fit (train one with `faultlens train`)")
+        xgb = self._xgb()
+        return self._booster.predict(xgb.DMatrix(M, feature_names=list(self.features)))
+
+    def predict(self, X: Any) -> np.ndarray:
+        proba = self.predict_proba(X)
+        return np.array(self.classes_)[np.argmax(proba, axis=1)]
+
+    def score_rows(self, rows: dict[str, dict[str, float]]) -> dict[str, tuple[str, float]]:
+        """node -> (class, probability) for one window's feature rows."""
+        if not rows:
+            return {}
+        nodes = sorted(rows)
+        missing = [f for f in self.features if f not in rows[nodes[0]]]
+        if missing:
+            raise FeatureMismatch(f"missing features: {', '.join(missing)}")
+        M = np.array([[rows[n][f] for f in self.features] for n in nodes], dtype=float)
+        proba = self.predict_proba_matrix(M)
+        best = np.argmax(proba, axis=1)
+        assert self.classes_ is not None
+        return {n: (self.classes_[b], float(proba[i, b])) for i, (n, b) in enumerate(zip(nodes, best, strict=True))}
+
+    # ---- persistence
+    def save(self, path: str | Path) -> Path:
+        if self._booster is None:
+            raise NotFittedError("cannot save an unfitted fault classifier")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self._booster.save_model(str(path / MODEL_FILE))
+        sidecar = {"model": self.name, "feature_set_version": FEATURE_SET_VERSION, "features": list(self.features),
+                   "classes": self.classes_, "params": self.params, "metadata": self.metadata}
+        (path / SIDECAR_FILE).write_text(json.dumps(sidecar, indent=1, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> FaultClassifier:
+        path = Path(path)
+        try:
+            sidecar = json.loads((path / SIDECAR_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelError(f"{path / SIDECAR_FILE}: cannot read the model sidecar: {exc}") from None
+        version = sidecar.get("feature_set_version")
+        if version != FEATURE_SET_VERSION:
+            raise FeatureMismatch(
+                f"{path}: model was trained on feature set v{version}, this faultlens computes feature set "
+                f"v{FEATURE_SET_VERSION}; retrain it with `faultlens train`")
+        features = tuple(sidecar["features"])
+        unknown = [f for f in features if f not in FEATURES]
+        if unknown:
+            raise FeatureMismatch(f"{path}: model uses features this code does not compute: {', '.join(unknown)}")
+        model = cls(**sidecar["params"], features=features)
+        xgb = model._xgb()
+        booster = xgb.Booster()
+        try:
+            booster.load_model(str(path / MODEL_FILE))
+        except xgb.core.XGBoostError as exc:
+            raise ModelError(f"{path / MODEL_FILE}: cannot load: {exc}") from None
+        booster.set_param({"nthread": 1})
+        model._booster = booster
+        model.classes_ = list(sidecar["classes"])
+        model.metadata = dict(sidecar.get("metadata", {}))
+        return model
+
+
+@dataclass(frozen=True)
+class ClassifierParams:
+    window_s: float = 60.0
+    min_probability: float = 0.6
+
+
+# Directly in shipped/ so that the package-data glob "shipped/*" puts it in wheels.
+SHIPPED = Path(__file__).resolve().parent / "shipped"
+
+
+def load_shipped() -> FaultClassifier:
+    """The classifier that ships in the package (models/shipped/, see its MODEL_CARD.md)."""
+    return FaultClassifier.load(SHIPPED)
+
+
+class ClassifierDetector:
+    """The classifier as a detector: windows records, scores each machine, emits findings."""
+
+    name = "classifier"
+
+    def __init__(self, model: FaultClassifier | None = None, *, window_s: float | None = None,
+                 min_probability: float | None = None) -> None:
+        params = ClassifierParams(**load_params("classifier", ClassifierParams))
+        self.model = model if model is not None else load_shipped()
+        self.window_s = window_s if window_s is not None else params.window_s
+        self.min_probability = min_probability if min_probability is not None else params.min_probability
+        self.features = WindowFeatures()
+        self._window: int | None = None
+        self._buf: list[Any] = []
+        self._nodes: set[str] = set()
+        self._jobs: dict[str, set[str]] = defaultdict(set)
+        self._reported: set[tuple[str, str]] = set()
+
+    def set_topology(self, topology: Topology) -> None:
+        self.features.set_topology(topology)
+        self._nodes.update(topology.nodes)
+        self._jobs[topology.job].update(topology.nodes)
+
+    def observe(self, record: Any) -> list[Finding]:
+        ts = getattr(record, "ts", None)
+        if ts is None:
+            return []
+        w = math.floor(ts / self.window_s)
+        out: list[Finding] = []
+        if self._window is not None and w > self._window:
+            out = self._close()
+        if self._window is None or w > self._window:
+            self._window = w
+        self._buf.append(record)
+        node = getattr(record, "node", None)
+        if node:
+            self._nodes.add(node)
+        return out
+
+    def tick(self, now: float) -> list[Finding]:
+        if self._window is not None and now >= (self._window + 2) * self.window_s:
+            out = self._close()
+            self._window = None
+            return out
+        return []
+
+    def _close(self) -> list[Finding]:
+        assert self._window is not None
+        end_ts = (self._window + 1) * self.window_s
+        rows = self.features.window(self._buf, self._nodes, end_ts=end_ts)
+        self._buf = []
+        scores = self.model.score_rows(rows)
+        out: list[Finding] = []
+        job_votes: Counter[str] = Counter()
+        for node, (kind, prob) in scores.items():
+            if kind == HEALTHY or prob < self.min_probability:
+                continue
+            if kind in JOB_WIDE_KINDS:
+                job_votes[kind] += 1
+                continue
+            if (node, kind) in self._reported:
+                continue
+            self._reported.add((node, kind))
+            out.append(self._finding(end_ts, kind, prob, node=node, rows=rows[node]))
+        if job_votes:
+            kind, votes = job_votes.most_common(1)[0]
+            if votes * 2 >= len(scores) and ("*", kind) not in self._reported:
+                self._reported.add(("*", kind))
+                out.append(self._finding(end_ts, kind, max(p for k, p in scores.values() if k == kind),
+                                         node=None, rows=None, votes=votes, machines=len(scores)))
+        return out
+
+    def _finding(self, ts: float, kind: str, prob: float, *, node: str | None, rows: dict[str, float] | None,
+                 votes: int = 0, machines: int = 0) -> Finding:
+        top = {}
+        if rows is not None:
+            top = {f: round(v, 4) for f, v in rows.items() if v and f in _SALIENT}
+        where = node or f"{votes} of {machines} machines"
+        return Finding(ts=ts, kind=kind, category=KIND_CATEGORY.get(kind, "unknown"), severity="warning",
+                       action=KIND_ACTION.get(kind, "notify"), confidence=round(prob, 3),
+                       source="model:classifier", rule=f"classifier.v{FEATURE_SET_VERSION}",
+                       text=f"{where}: window features look like {kind} (p={prob:.2f})", node=node,
+                       figures={"probability": round(prob, 4), "window_s": self.window_s, "features": top})
+
+
+_SALIENT = frozenset(f for f in FEATURES if not f.startswith("job_") and f not in ("temp_max_c", "util_min"))
