@@ -40,7 +40,6 @@ class DiagnosisService:
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
         self._held: collections.deque[tuple[float, Any]] = collections.deque()
-        self._seen_topology = False
         self.decode_errors = 0
         self.produced = 0
         self._stop = threading.Event()
@@ -49,11 +48,10 @@ class DiagnosisService:
 
     def _hold(self, record: Any) -> bool:
         """Hold a node's records briefly while its job is unknown (the topology may be a
-        poll behind), so one fault does not open an incident under job "unknown" too."""
+        poll behind), so one fault does not open an incident under job "unknown" too.
+        A node that never joins a job is diagnosed ``unknown_hold_s`` late."""
         node = getattr(record, "node", None)
-        if record.KIND == "jobs":
-            self._seen_topology = True
-        if not self._seen_topology or self.unknown_hold_s <= 0 or node is None or record.KIND in ("jobs", "steps"):
+        if self.unknown_hold_s <= 0 or node is None or record.KIND in ("jobs", "steps"):
             return False
         if self._held or self.engine.job_of_node(node) == "unknown":
             self._held.append((time.monotonic(), record))
@@ -71,8 +69,29 @@ class DiagnosisService:
             out.extend(self.engine.observe(record))
         return out
 
+    def load_topologies(self, timeout_s: float = 5.0) -> int:
+        """Read every job topology on the jobs topic: they are state, not events, and a
+        service that joins late (or restarts) must still know which node runs which job."""
+        reader = Consumer(self.config.bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
+        n = 0
+        try:
+            end = reader.raw.end_offsets(list(reader.raw.assignment()))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(reader.raw.position(tp) < off for tp, off in end.items()):
+                for m in reader.poll(200):
+                    try:
+                        self.engine.observe(schema.decode("jobs", m.value))
+                        n += 1
+                    except SchemaError as exc:
+                        log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
+        finally:
+            reader.close()
+        return n
+
     def serve(self, *, max_seconds: float | None = None) -> None:
         ensure_topics(self.config.bus, self.bootstrap)
+        if not self.from_beginning:
+            self.load_topologies()
         consumer = Consumer(self.config.bus, INPUT_KINDS, group_id=self.config.diagnosis.group_id,
                             bootstrap=self.bootstrap, from_beginning=self.from_beginning,
                             fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
