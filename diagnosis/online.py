@@ -69,30 +69,24 @@ class DiagnosisService:
             out.extend(self.engine.observe(record))
         return out
 
-    def load_topologies(self, timeout_s: float = 5.0) -> int:
-        """Read every job topology on the jobs topic: they are state, not events, and a
-        service that joins late (or restarts) must still know which node runs which job."""
-        reader = Consumer(self.config.bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
-        n = 0
-        try:
-            end = reader.raw.end_offsets(list(reader.raw.assignment()))
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and any(reader.raw.position(tp) < off for tp, off in end.items()):
-                for m in reader.poll(200):
-                    try:
-                        self.engine.observe(schema.decode("jobs", m.value))
-                        n += 1
-                    except SchemaError as exc:
-                        log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
-        finally:
-            reader.close()
-        return n
+    def _read_topologies(self, reader: Consumer, timeout_ms: int = 0) -> list[Any]:
+        """Job topologies are state, not events: they are read from the start of the jobs
+        topic by a reader of their own, so a service that joins late or restarts still
+        knows which node runs which job."""
+        out: list[Any] = []
+        for m in reader.poll(timeout_ms):
+            try:
+                out.extend(self.engine.observe(schema.decode("jobs", m.value)))
+            except SchemaError as exc:
+                self.decode_errors += 1
+                log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
+        return out
 
     def serve(self, *, max_seconds: float | None = None) -> None:
         ensure_topics(self.config.bus, self.bootstrap)
-        if not self.from_beginning:
-            self.load_topologies()
-        consumer = Consumer(self.config.bus, INPUT_KINDS, group_id=self.config.diagnosis.group_id,
+        jobs_reader = Consumer(self.config.bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
+        consumer = Consumer(self.config.bus, [k for k in INPUT_KINDS if k != "jobs"],
+                            group_id=self.config.diagnosis.group_id,
                             bootstrap=self.bootstrap, from_beginning=self.from_beginning,
                             fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
         producer = Producer(self.config.bus, self.bootstrap, linger_ms=0)
@@ -100,12 +94,10 @@ class DiagnosisService:
         last_tick = 0.0
         try:
             while not self._stop.is_set():
+                outputs: list[Any] = self._read_topologies(jobs_reader)
                 msgs = consumer.poll(timeout_ms=self.poll_timeout_ms)
                 if not self.ready.is_set() and consumer.raw.assignment():
                     self.ready.set()
-                outputs: list[Any] = []
-                # A job's topology first: records of its nodes can then be filed under it.
-                msgs.sort(key=lambda m: m.kind != "jobs")
                 for m in msgs:
                     try:
                         record = schema.decode(m.kind, m.value)
@@ -134,6 +126,7 @@ class DiagnosisService:
         finally:
             producer.close()
             consumer.close()
+            jobs_reader.close()
 
     def start(self) -> DiagnosisService:
         self._thread = threading.Thread(target=self.serve, name="faultlens-diagnosis", daemon=True)

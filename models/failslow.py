@@ -43,6 +43,8 @@ class FailSlowParams:
     rearm_steps: int = 50  # a reported node is reported again only after this many quiet steps
     stale_s: float = 120.0  # an incomplete step is scored anyway after this long
     warmup_steps: int = 20
+    skip_first_steps: int = 5  # a job's first steps (compilation, cache warm-up) are slow by nature
+    min_job_slowdown: float = 0.05  # a job-level alarm needs this mean excess over its alarm run
     refit_every: int = 25
     window_steps: int = 200
 
@@ -60,6 +62,7 @@ class _Job:
     run_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
     job_cusum: float = 0.0
     job_alarm_steps: int = 0
+    job_alarm_excess: list[float] = field(default_factory=list)  # log excess of the current alarm run
     job_slow_reported: bool = False
     overhead: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=200))  # (max pred, duration)
     duration_fit: np.ndarray | None = None
@@ -152,6 +155,8 @@ class FailSlowDetector:
         if not job.expected or len(recs) > job.expected:
             job.expected = max(job.expected, len(recs))
         job.steps += 1
+        if job.steps <= self.params.skip_first_steps:
+            return []
         res = job.predictor.observe_step(recs)
         if not res.ready:
             return []
@@ -187,9 +192,15 @@ class FailSlowDetector:
             expected = float(job.duration_fit[0] + job.duration_fit[1] * max_pred)
             jr = math.log(duration / max(expected, 1e-9))
             job.job_cusum = max(0.0, job.job_cusum + jr - self._k)
-            job.job_alarm_steps = job.job_alarm_steps + 1 if job.job_cusum > self.params.threshold else 0
-            if job.job_alarm_steps >= self.params.job_confirm_steps and not alarm.any():
-                out += self._job_slow(name, job, res, reason="duration", figure=math.expm1(jr))
+            if job.job_cusum > self.params.threshold:
+                job.job_alarm_steps += 1
+                job.job_alarm_excess.append(jr)
+            else:
+                job.job_alarm_steps, job.job_alarm_excess = 0, []
+            excess = math.expm1(float(np.mean(job.job_alarm_excess[-self.params.job_confirm_steps:]))) if job.job_alarm_excess else 0.0
+            if (job.job_alarm_steps >= self.params.job_confirm_steps and not alarm.any()
+                    and excess >= self.params.min_job_slowdown):
+                out += self._job_slow(name, job, res, reason="duration", figure=excess)
         healthy_step = not alarm.any() and job.job_cusum == 0.0
         if healthy_step:
             job.overhead.append((max_pred, duration))
