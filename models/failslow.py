@@ -44,7 +44,8 @@ class FailSlowParams:
     stale_s: float = 120.0  # an incomplete step is scored anyway after this long
     warmup_steps: int = 20
     skip_first_steps: int = 5  # a job's first steps (compilation, cache warm-up) are slow by nature
-    min_job_slowdown: float = 0.05  # a job-level alarm needs this mean excess over its alarm run
+    min_job_slowdown: float = 0.10  # a job-level alarm needs this mean excess over its alarm run
+    job_warmup_steps: int = 50  # healthy steps before the job-level step-time fit is trusted
     refit_every: int = 25
     window_steps: int = 200
 
@@ -185,7 +186,7 @@ class FailSlowDetector:
         # Duration with no compute behind it: every rank waited on something outside the GPUs.
         # Step time ~ c0 + c1 * (slowest rank's predicted compute): pipeline fill/drain grows
         # with the work, the all-reduce and optimizer step do not.
-        if len(job.overhead) >= self.params.warmup_steps and (job.duration_fit is None or job.steps % self.params.refit_every == 0):
+        if len(job.overhead) >= self.params.job_warmup_steps and (job.duration_fit is None or job.steps % self.params.refit_every == 0):
             pairs = np.asarray(job.overhead)
             job.duration_fit = huber_fit(np.column_stack([np.ones(len(pairs)), pairs[:, 0]]), pairs[:, 1])
         if job.duration_fit is not None:
