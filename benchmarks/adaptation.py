@@ -18,8 +18,17 @@ simulator's packed heavy-tailed workload, the same draws for every strategy.
 * planner: speeds are measured from the simulator's per-rank compute times
   (five faulty iterations against a healthy baseline), turned into a fail-slow
   Finding, planned by diagnosis.adaptation.plan_for_finding with the fault's
-  duration as the expected remaining time, then its pause and layout (or its
-  eviction) are played through the simulator.
+  duration as the expected remaining time (or a fixed ``--horizon-s``: the
+  planner not told the duration), then its pause and layout (or its eviction)
+  are played through the simulator.
+
+The planner knows the workload only from history: the micro-batch costs of 50
+iterations before the fault (its own draws), from which the job's shape (mean
+cost, CV, the observed costs for its Monte Carlo) comes. The measured pool of
+iterations covers the longest fault without repeating (a repeated pool would
+make the realised throughput noisier than the planner's uncertainty assumes).
+``--seeds N`` repeats everything on N workload seeds and reports how often the
+planner fell below the better of no action and always-evict.
 
 Time starts when the fault is detected; restart costs are ByteRobust's
 defaults (AdaptationConfig). Also: planning time of a 1,024-GPU job.
@@ -66,16 +75,27 @@ def sim_plan(layout: Layout | None) -> dict | None:
 class Job:
     """The simulated job: topology, a pool of iterations' micro-batch costs, the step-time model."""
 
-    def __init__(self, layout: tuple, pool_iterations: int, seed: int) -> None:
+    HISTORY_ITERATIONS = 50  # what the planner saw before the fault
+
+    def __init__(self, layout: tuple, pool_iterations: int, seed: int, cover_s: float = 0.0) -> None:
         self.name, tp, pp, dp, self.layers, self.microbatches = layout
         self.topology = Topology.packed(tp, pp, dp, job="bench")
         self.cost = steptime.CostModel()
-        total = self.microbatches * dp
-        rng = np.random.default_rng(seed)
-        spec = workload.WorkloadSpec()
-        mb = workload.pack(rng, pool_iterations * total, spec)
-        self.costs = self.cost.microbatch_cost(mb.tokens, mb.sum_len_sq).reshape(pool_iterations, total)
-        self.tokens_per_iteration = spec.tokens_per_microbatch * total
+        self.total = self.microbatches * dp
+        self.spec = workload.WorkloadSpec()
+        self.costs = self._draw(np.random.default_rng(seed), pool_iterations)
+        # extend (never repeat) until the healthy run covers the longest fault; the prefix stays the same
+        extra = 1
+        while self.iterations({}, None)[0].sum() < cover_s * 1.05:
+            more = self._draw(np.random.default_rng([seed, extra]), pool_iterations)
+            self.costs = np.concatenate([self.costs, more])
+            extra += 1
+        self.history = self._draw(np.random.default_rng([seed, 10_000]), self.HISTORY_ITERATIONS)
+        self.tokens_per_iteration = self.spec.tokens_per_microbatch * self.total
+
+    def _draw(self, rng: np.random.Generator, iterations: int) -> np.ndarray:
+        mb = workload.pack(rng, iterations * self.total, self.spec)
+        return self.cost.microbatch_cost(mb.tokens, mb.sum_len_sq).reshape(iterations, self.total)
 
     def iterations(self, speeds: dict[int, float], plan: dict | None) -> tuple[np.ndarray, np.ndarray]:
         speed = np.ones(self.topology.world_size)
@@ -101,12 +121,14 @@ class Job:
         return (done + partial) * self.tokens_per_iteration
 
     def shape(self) -> JobShape:
-        w = self.costs
+        """The job as the planner knows it: from the iterations before the fault, not the measured ones."""
+        w = self.history
         return JobShape(num_layers=self.layers, microbatches=self.microbatches,
                         microbatch_s=float(w.mean()) * self.topology.pp,
-                        tokens_per_microbatch=workload.WorkloadSpec().tokens_per_microbatch,
+                        tokens_per_microbatch=self.spec.tokens_per_microbatch,
                         dp_sync_s=self.cost.sync_s, sync_grows_with_params=False,
-                        microbatch_cv=float(w.std() / w.mean()))
+                        microbatch_cv=float(w.std() / w.mean()),
+                        microbatch_cost_samples=tuple(float(x) for x in w.ravel()))
 
     def measured_finding(self, speeds: dict[int, float]) -> Finding:
         """A fail-slow finding from measured compute: five faulty iterations over a healthy baseline."""
@@ -125,11 +147,13 @@ class Job:
                        figures={"slowdown": slowdown, "ranks": slow})
 
 
-def run_scenarios(job: Job, durations: list[float], cfg: AdaptationConfig, console: Console) -> list[dict]:
+def run_scenarios(job: Job, durations: list[float], cfg: AdaptationConfig, console: Console,
+                  horizon_s: float | None = None, seed: int = 0) -> list[dict]:
     topo = job.topology
     slow_rank = topo.rank_of(tp=3, dp=2, pp=2)  # a mid-pipeline stage of one replica
     machines = len(topo.nodes)
     healthy_iteration_s = float(job.iterations({}, None)[0].mean())
+    shape = job.shape()
     rows = []
     for spares in (0, 1):
         for duration in durations:
@@ -141,8 +165,8 @@ def run_scenarios(job: Job, durations: list[float], cfg: AdaptationConfig, conso
                 restart = restart_seconds(machines, 1, spares, cfg) + 0.5 * healthy_iteration_s
                 evict = job.tokens_in(duration, restart, {}, None)
                 finding = job.measured_finding(speeds)
-                plan = plan_for_finding(finding, topo, config=cfg, shape=job.shape(), spares=spares,
-                                        horizon_s=duration)
+                plan = plan_for_finding(finding, topo, config=cfg, shape=shape, spares=spares,
+                                        horizon_s=duration if horizon_s is None else horizon_s)
                 chosen = plan.chosen_option
                 if plan.evicts:
                     planner = job.tokens_in(duration, restart, {}, None)
@@ -151,14 +175,15 @@ def run_scenarios(job: Job, durations: list[float], cfg: AdaptationConfig, conso
                 it, _ = job.iterations({}, None) if plan.evicts else job.iterations(speeds, sim_plan(plan.layout))
                 measured_tps = job.tokens_per_iteration / float(it.mean())
                 rows.append({
-                    "layout": job.name, "slowdown": slowdown, "spares": spares, "duration_s": duration,
+                    "seed": seed, "layout": job.name, "slowdown": slowdown, "spares": spares, "duration_s": duration,
                     "no_action": no_action / duration, "always_evict": evict / duration,
                     "planner": planner / duration, "healthy": healthy / duration, "chosen": plan.chosen,
                     "restart_s": restart, "predicted_tps": chosen.tokens_per_s,
                     "model_error": abs(chosen.tokens_per_s - measured_tps) / measured_tps,
                     "planning_s": plan.planning_s,
                 })
-                console.log(f"slowdown {slowdown:.0%} spares {spares} {duration / 60:.0f} min -> {plan.chosen}")
+                console.log(f"seed {seed} {job.name} slowdown {slowdown:.0%} spares {spares} "
+                            f"{duration / 60:.0f} min -> {plan.chosen}")
     return rows
 
 
@@ -180,14 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one fault duration (30 min), smaller workload pool")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also run workload seeds seed+1 .. seed+N-1 and summarise misses over all (default 1)")
+    ap.add_argument("--horizon-s", type=float, default=None,
+                    help="horizon the planner is given (default: each fault's true duration), e.g. 1800")
     args = ap.parse_args(argv)
     console = Console(stderr=True)
     durations = [1800.0] if args.quick else [600.0, 1800.0, 3600.0]
     cfg = AdaptationConfig()
-    rows = []
-    for layout in LAYOUTS:
-        job = Job(layout, pool_iterations=60 if args.quick else 200, seed=args.seed)
-        rows += run_scenarios(job, durations, cfg, console)
+    all_rows: list[dict] = []
+    for seed in range(args.seed, args.seed + max(1, args.seeds)):
+        for layout in LAYOUTS:
+            job = Job(layout, pool_iterations=60 if args.quick else 200, seed=seed, cover_s=max(durations))
+            all_rows += run_scenarios(job, durations, cfg, console, args.horizon_s, seed)
+    rows = [r for r in all_rows if r["seed"] == args.seed]
     plan_times = planning_time_1024(5 if args.quick else 20)
 
     out = Console(width=200)
@@ -214,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     agg_ns = sum(r["planner"] for r in no_spare) / max(sum(r["always_evict"] for r in no_spare), 1e-9)
     summary = {
         "bench": "adaptation",
+        "horizon": "fault duration" if args.horizon_s is None else f"{args.horizon_s:g} s",
         "scenarios": len(rows),
         "planner_vs_best_min": round(min(vs_best), 4),
         "planner_ge_best_all": all(v >= 1.0 - 1e-9 for v in vs_best),
@@ -228,6 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         "planning_s_1024_gpus_max": round(max(plan_times), 4),
         "measured_with": "datasets.steptime",
     }
+    if args.seeds > 1:
+        ratios = [r["planner"] / max(r["no_action"], r["always_evict"]) for r in all_rows]
+        misses = [r for r, v in zip(all_rows, ratios, strict=True) if v < 1.0 - 1e-9]
+        summary.update({
+            "seeds": args.seeds, "scenarios_all_seeds": len(all_rows), "misses_all_seeds": len(misses),
+            "planner_vs_best_min_all_seeds": round(min(ratios), 4),
+            "planner_vs_best_mean_all_seeds": round(statistics.fmean(ratios), 4),
+        })
+        for r in misses:
+            out.print(f"miss: seed {r['seed']} {r['layout']} slow {r['slowdown']:.0%} spares {r['spares']} "
+                      f"{r['duration_s'] / 60:.0f} min chose {r['chosen']}: "
+                      f"{r['planner'] / max(r['no_action'], r['always_evict']):.4f} of the best")
     out.print(f"planner >= max(no action, always-evict) in every scenario: {summary['planner_ge_best_all']} "
               f"(worst ratio {summary['planner_vs_best_min']:.3f}); planner vs always-evict without spares: "
               f"mean {summary['planner_vs_evict_no_spares_mean']:.2f}x, aggregate "

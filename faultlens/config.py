@@ -143,6 +143,7 @@ class AdaptationConfig:
     min_tp: int = 1  # smallest TP degree the model fits in (memory)
     min_gain_fraction: float = 0.0  # act only if goodput beats no action by this fraction (hysteresis)
     evict_tie_fraction: float = 0.005  # evict when within this of the best goodput (fixes the cause)
+    gain_confidence_z: float = 3.0  # adapt only if the gain exceeds z standard deviations of its realised value
     num_layers: int = 0  # 0: unknown, assume 4 per pipeline stage
     microbatches_per_replica: int = 0  # 0: unknown, assume 4 x pp
 

@@ -29,6 +29,13 @@ The model, in the order the job experiences it:
   reduced across replicas: ``dp_sync_s`` on the healthy layout, scaled by the
   largest share of parameters one GPU holds (more layers on a stage, or a TP
   group shrunk from 8 to 4, means more gradient bytes to reduce).
+* Micro-batch costs vary (sequence lengths), so the slowest replica of an
+  iteration is a random maximum. With ``microbatch_cv > 0`` (or observed
+  ``microbatch_cost_samples``) every layout is scored on the same fixed-seed
+  Monte Carlo draws (:class:`CostDraws`: iterations of micro-batch costs dealt
+  to replicas in order, as the job's data stream is): the prediction is the
+  mean over draws of ``max_d T_d + sync``, and the per-draw times let the
+  planner compare two layouts *paired*, with the variance of the difference.
 
 It imports nothing of the simulator (models never import datasets/); the tests
 and benchmarks/adaptation.py check it against the simulator's step-time model.
@@ -69,6 +76,10 @@ class JobShape:
     # slowest of several replicas is slower than the average one, so with cv > 0
     # predict() returns the expected maximum over replicas, not the maximum of means.
     microbatch_cv: float = 0.0
+    # Observed micro-batch costs (any scale, e.g. seconds from recent steps): when
+    # given, the Monte Carlo resamples them (the real, heavy-tailed distribution)
+    # instead of assuming a log-normal of microbatch_cv.
+    microbatch_cost_samples: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.microbatches < 1:
@@ -77,6 +88,16 @@ class JobShape:
             raise ValueError("microbatch_s and tokens_per_microbatch must be > 0")
         if not 0.0 < self.forward_fraction < 1.0:
             raise ValueError("forward_fraction must be in (0, 1)")
+        if self.microbatch_cv < 0:
+            raise ValueError("microbatch_cv must be >= 0")
+        if any(not (math.isfinite(c) and c > 0) for c in self.microbatch_cost_samples):
+            raise ValueError("microbatch_cost_samples must be finite and > 0")
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether micro-batch costs vary (then predictions are Monte Carlo means)."""
+        samples = self.microbatch_cost_samples
+        return self.microbatch_cv > 0 or (len(samples) > 1 and max(samples) > min(samples))
 
     @classmethod
     def from_iteration(cls, topology: Topology, iteration_s: float, tokens_per_iteration: int, *,
@@ -125,22 +146,63 @@ class Layout:
 
 @dataclass(frozen=True)
 class Prediction:
-    iteration_s: float
+    iteration_s: float  # expected iteration time (Monte Carlo mean when costs vary)
     tokens_per_s: float
-    replica_s: tuple[float, ...]  # pipeline time of each DP replica (before the sync)
+    replica_s: tuple[float, ...]  # pipeline time of each DP replica at the mean cost (before the sync)
     sync_s: float
     cell_speed: tuple[tuple[float, ...], ...]  # [dp][pp] effective speed of each cell
+    # iteration time on each Monte Carlo draw (None: deterministic); the same draws
+    # for every layout of one model, so two layouts' samples can be compared paired
+    samples_s: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
+MC_ELEMENTS = 1 << 20  # draws x micro-batches per Monte Carlo matrix (~8 MB)
+MC_MIN_DRAWS, MC_MAX_DRAWS = 256, 4096
+MC_SEED = 0  # fixed: the same shape always gives the same prediction
+
+
+class CostDraws:
+    """Fixed-seed draws of relative micro-batch costs (mean 1), one row per simulated iteration.
+
+    Rows are dealt to replicas in order (replica 0 takes the first ``m_0``
+    micro-batches, ...), so layouts that move a few micro-batches share the
+    rest: comparisons between layouts are paired, as in the running job whose
+    data stream is the same whichever layout it uses.
+    """
+
+    def __init__(self, shape: JobShape, total: int) -> None:
+        draws = int(min(max(MC_ELEMENTS // max(total, 1), MC_MIN_DRAWS), MC_MAX_DRAWS))
+        rng = np.random.default_rng(MC_SEED)
+        if len(shape.microbatch_cost_samples) > 1:
+            observed = np.asarray(shape.microbatch_cost_samples, dtype=float)
+            costs = rng.choice(observed / observed.mean(), size=(draws, total))
+        else:
+            sigma2 = math.log1p(shape.microbatch_cv ** 2)
+            costs = rng.lognormal(-sigma2 / 2.0, math.sqrt(sigma2), size=(draws, total))
+        costs /= costs.mean()
+        self.draws, self.total = draws, total
+        self._cumsum = np.concatenate([np.zeros((draws, 1)), np.cumsum(costs, axis=1)], axis=1)
+
+    def replica_means(self, counts: Sequence[int]) -> np.ndarray:
+        """(draws, dp) mean relative cost of each replica's micro-batches."""
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        if bounds[-1] > self.total:
+            raise ValueError(f"{bounds[-1]} micro-batches exceed the {self.total} drawn")
+        sums = self._cumsum[:, bounds[1:]] - self._cumsum[:, bounds[:-1]]
+        return sums / np.asarray(counts, dtype=float)
 
 
 class IterationCostModel:
     """Predict iteration time and throughput of ``topology`` under a :class:`Layout`."""
 
     def __init__(self, topology: Topology, shape: JobShape, speeds: Mapping[int, float] | None = None, *,
-                 exact: bool = False) -> None:
+                 exact: bool = False, draws: dict[int, CostDraws] | None = None) -> None:
         if topology.pp > shape.num_layers:
             raise ValueError(f"pp={topology.pp} exceeds num_layers={shape.num_layers}")
         self.topology = topology
         self.shape = shape
+        # Monte Carlo draws by global micro-batch count, shared with with_speeds() copies (paired comparisons)
+        self._draws: dict[int, CostDraws] = {} if draws is None else draws
         self.exact = exact  # default schedule model of predict(): event simulation or critical-path form
         self.speeds = {int(r): float(v) for r, v in (speeds or {}).items()}
         # cells[d][s] = TP groups (tuples of ranks) of that stage of that replica, one per cp index
@@ -152,7 +214,13 @@ class IterationCostModel:
         ]
 
     def with_speeds(self, speeds: Mapping[int, float]) -> IterationCostModel:
-        return IterationCostModel(self.topology, self.shape, speeds, exact=self.exact)
+        return IterationCostModel(self.topology, self.shape, speeds, exact=self.exact, draws=self._draws)
+
+    def cost_draws(self, total: int) -> CostDraws:
+        """The Monte Carlo draws for ``total`` micro-batches per iteration (built once, then shared)."""
+        if total not in self._draws:
+            self._draws[total] = CostDraws(self.shape, total)
+        return self._draws[total]
 
     def speed(self, rank: int) -> float:
         return self.speeds.get(rank, 1.0)
@@ -225,15 +293,19 @@ class IterationCostModel:
                 replica_s.append(scale * pipeline_time_bound(fwd, bwd, m) + 2 * (t.pp - 1) * self.shape.p2p_s)
         share = self.param_share(layout) if self.shape.sync_grows_with_params else 1.0
         sync = self.shape.dp_sync_s * share
-        if self.shape.microbatch_cv > 0 and microbatch_costs is None and t.dp > 1:
-            slowest = expected_max(replica_s, [self.shape.microbatch_cv / math.sqrt(m)
-                                               for m in layout.microbatches_per_replica])
+        samples = None
+        if self.shape.stochastic and microbatch_costs is None and all(map(math.isfinite, replica_s)):
+            # the expected slowest replica: compute scales with the replica's mean cost, p2p hops do not
+            fixed = 0.0 if exact else 2 * (t.pp - 1) * self.shape.p2p_s
+            means = self.cost_draws(sum(layout.microbatches_per_replica)).replica_means(
+                layout.microbatches_per_replica)
+            samples = np.max(means * (np.asarray(replica_s) - fixed) + fixed, axis=1) + sync
+            iteration = float(samples.mean())
         else:
-            slowest = max(replica_s)
-        iteration = slowest + sync
+            iteration = max(replica_s) + sync
         tokens = self.shape.tokens_per_microbatch * sum(layout.microbatches_per_replica)
         tps = tokens / iteration if iteration > 0 and iteration != float("inf") else 0.0
-        return Prediction(iteration, tps, tuple(replica_s), sync, tuple(tuple(r) for r in speeds))
+        return Prediction(iteration, tps, tuple(replica_s), sync, tuple(tuple(r) for r in speeds), samples)
 
     def _check(self, layout: Layout) -> None:
         t = self.topology
@@ -322,5 +394,5 @@ def pipeline_time(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p_s: flo
     return max(free)
 
 
-__all__ = ["FAILED", "IterationCostModel", "JobShape", "Layout", "Prediction", "even_layers", "expected_max",
+__all__ = ["FAILED", "CostDraws", "IterationCostModel", "JobShape", "Layout", "Prediction", "even_layers", "expected_max",
            "pipeline_time", "pipeline_time_bound"]

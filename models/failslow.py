@@ -42,6 +42,7 @@ class FailSlowParams:
     job_confirm_steps: int = 5  # duration-only excess must last this long before job_slow
     rearm_steps: int = 50  # a reported node is reported again only after this many quiet steps
     stale_s: float = 120.0  # an incomplete step is scored anyway after this long
+    late_steps: int = 5  # ... or once this many newer steps have arrived
     warmup_steps: int = 20
     skip_first_steps: int = 5  # a job's first steps (compilation, cache warm-up) are slow by nature
     min_job_slowdown: float = 0.10  # a job-level alarm needs this mean excess over its alarm run
@@ -74,6 +75,7 @@ class _Job:
     pending_ts: dict[int, float] = field(default_factory=dict)
     expected: int = 0
     steps: int = 0
+    scored_upto: int = -1  # highest step scored
 
 
 class FailSlowDetector:
@@ -101,8 +103,11 @@ class FailSlowDetector:
             return []
         job = self._job(record.job)
         out: list[Finding] = []
-        # Older steps that never completed are scored once two newer steps exist.
-        for step in sorted(s for s in job.pending if s <= record.step - 2):
+        if record.step <= job.scored_upto:
+            return out  # a straggling record of a step already scored: scoring it again would count it twice
+        # Older steps that never completed are scored once a few newer steps exist
+        # (ranks' records reach us through different agents, not in step order).
+        for step in sorted(s for s in job.pending if s <= record.step - self.params.late_steps):
             out += self._score(record.job, job, job.pending.pop(step))
             job.pending_ts.pop(step, None)
         bucket = job.pending.setdefault(record.step, [])
@@ -153,6 +158,7 @@ class FailSlowDetector:
 
     # ---- scoring
     def _score(self, name: str, job: _Job, recs: list[StepTiming]) -> list[Finding]:
+        job.scored_upto = max(job.scored_upto, recs[0].step)
         if not job.expected or len(recs) > job.expected:
             job.expected = max(job.expected, len(recs))
         job.steps += 1

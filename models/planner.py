@@ -22,10 +22,18 @@ layout of its family:
   iteration of lost work.
 
 Goodput over the horizon ``H``: ``tokens_per_s * max(0, H - pause_s)`` where the
-pause is the option's switch cost (restart, reconfigure or nothing). The most
-goodput wins, except that eviction also wins when within ``evict_tie_fraction``
-(0.5%) of the best: that is inside the model's error, and eviction removes the
-cause. ``min_gain_fraction`` adds hysteresis against changing for nothing.
+pause is the option's switch cost (restart, reconfigure or nothing). The
+*default* is the better of the two simple answers, no action and eviction
+(eviction when within ``evict_tie_fraction`` (0.5%) of no action: it removes the
+cause). An adaptation replaces the default only when its predicted gain exceeds
+``gain_confidence_z`` standard deviations of the gain the job would actually
+realise over the horizon: iteration times vary with the micro-batches' costs,
+so over ``N = (H - pause) / iteration_s`` iterations a small predicted gain
+(moving one micro-batch between two replicas) can come out negative. The
+standard deviation comes from the cost model's paired Monte Carlo draws (the
+same micro-batch stream under both layouts). Among the confident adaptations
+the most goodput wins; eviction still wins within ``evict_tie_fraction`` of it,
+and ``min_gain_fraction`` adds hysteresis against changing for nothing.
 """
 
 from __future__ import annotations
@@ -37,10 +45,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 from faultlens.models.costmodel import (
     IterationCostModel,
     JobShape,
     Layout,
+    Prediction,
     pipeline_time,
     pipeline_time_bound,
 )
@@ -62,6 +72,9 @@ class Option:
     pause_s: float
     goodput_tokens: float
     evict_nodes: tuple[str, ...] = ()
+    # one standard deviation of the goodput gain over the default option that the
+    # job would realise over the horizon (0: deterministic costs, or the default itself)
+    gain_sd_tokens: float = 0.0
 
     def to_dict(self, healthy_tokens_per_s: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -71,6 +84,7 @@ class Option:
             "ratio_to_healthy": round(self.tokens_per_s / healthy_tokens_per_s, 4) if healthy_tokens_per_s else 0.0,
             "pause_s": round(self.pause_s, 3),
             "goodput_tokens": round(self.goodput_tokens, 1),
+            "gain_sd_tokens": round(self.gain_sd_tokens, 1),
         }
         if self.layout is not None:
             out["layers_per_stage"] = list(self.layout.layers_per_stage)
@@ -145,6 +159,36 @@ def restart_seconds(machines: int, evicted: int, spares: int, cfg: AdaptationCon
     """Warm standby if the pool covers every evicted machine, else a full requeue."""
     requeue = requeue_seconds(machines, cfg)
     return requeue / cfg.warm_standby_speedup if spares >= evicted > 0 else requeue
+
+
+def partial_shares(current: tuple[int, ...], target: tuple[int, ...],
+                   fractions: tuple[float, ...] = (0.25, 0.5, 0.75)) -> list[tuple[int, ...]]:
+    """Micro-batch shares part of the way from ``current`` to ``target`` (same total), distinct, in order.
+
+    Each donor replica gives ``floor(f * its reduction)``; the moved micro-batches
+    go to the receivers by largest remainder of ``f * their increase``.
+    """
+    out: list[tuple[int, ...]] = []
+    up = [max(0, t - c) for c, t in zip(current, target, strict=True)]
+    for f in fractions:
+        give = [math.floor(f * max(0, c - t)) for c, t in zip(current, target, strict=True)]
+        moved = sum(give)
+        if moved == 0:
+            continue
+        want = [f * u for u in up]
+        take = [min(math.floor(w), u) for w, u in zip(want, up, strict=True)]
+        by_remainder = sorted(range(len(up)), key=lambda d: (want[d] - take[d], up[d]), reverse=True)
+        while sum(take) > moved:
+            take[max(range(len(take)), key=lambda d: take[d])] -= 1
+        for d in by_remainder * 2:
+            if sum(take) >= moved:
+                break
+            if take[d] < up[d]:
+                take[d] += 1
+        share = tuple(c - g + k for c, g, k in zip(current, give, take, strict=True))
+        if sum(take) == moved and share not in out and share != tuple(target) and share != tuple(current):
+            out.append(share)
+    return out
 
 
 def min_max_partition(num_layers: int, layer_cost: list[float]) -> tuple[int, ...]:
@@ -259,12 +303,11 @@ class AdaptationPlanner:
             if shrink:
                 tp_options.append(shrink)
 
-        best: dict[str, tuple[float, Layout]] = {}
+        candidates: dict[str, list[Layout]] = {}
 
         def consider(name: str, layout: Layout) -> None:
-            pred = model.predict(layout)
-            if name not in best or pred.iteration_s < best[name][0]:
-                best[name] = (pred.iteration_s, layout)
+            if layout not in candidates.setdefault(name, []):
+                candidates[name].append(layout)
 
         for excluded in tp_options:
             tp_tag = ["shrink_tp"] if excluded else []
@@ -278,19 +321,23 @@ class AdaptationPlanner:
                     mbs = self.rebalance(model, layers, excluded, total_mb)
                     if mbs != current.microbatches_per_replica:
                         name = "+".join(tp_tag + pp_tag + ["rebalance_microbatches"])
-                        consider(name, Layout(layers, mbs, excluded))
+                        # part of the way too: moving fewer micro-batches gains less but is surer
+                        for share in (mbs, *partial_shares(current.microbatches_per_replica, mbs)):
+                            consider(name, Layout(layers, share, excluded))
 
-        options: list[Option] = []
-        for name, (_, layout) in best.items():
-            pred = model.predict(layout)
-            if name == "no_action":
-                pause = 0.0
-            elif layout.tp_excluded or layout.layers_per_stage != current.layers_per_stage:
-                pause = cfg.reconfigure_s
-            else:
-                pause = cfg.rebalance_s
-            options.append(Option(name, layout, pred.iteration_s, pred.tokens_per_s, pause,
-                                  pred.tokens_per_s * max(0.0, horizon - pause)))
+        scored: dict[str, list[tuple[Option, Prediction]]] = {}
+        for name, layouts in candidates.items():
+            for layout in layouts:
+                pred = model.predict(layout)
+                if name == "no_action":
+                    pause = 0.0
+                elif layout.tp_excluded or layout.layers_per_stage != current.layers_per_stage:
+                    pause = cfg.reconfigure_s
+                else:
+                    pause = cfg.rebalance_s
+                scored.setdefault(name, []).append(
+                    (Option(name, layout, pred.iteration_s, pred.tokens_per_s, pause,
+                            pred.tokens_per_s * max(0.0, horizon - pause)), pred))
 
         slow_ranks = [r for r, v in model.speeds.items() if v < SLOW_SPEED]
         evict_nodes = tuple(topology.nodes_of(slow_ranks)) if topology.placement else ()
@@ -298,16 +345,40 @@ class AdaptationPlanner:
             machines = len(topology.nodes) or max(1, topology.world_size // 8)
             restart = restart_seconds(machines, max(1, len(evict_nodes)), spares, cfg)
             after = model.with_speeds({r: v for r, v in model.speeds.items() if r not in set(slow_ranks)})
-            pred = after.predict(current)
+            pred = after.predict(current)  # the same Monte Carlo draws: paired with the others
             pause = restart + 0.5 * healthy.iteration_s  # in-memory checkpoint each step: lose ~half a step
-            options.append(Option("evict_restart", None, pred.iteration_s, pred.tokens_per_s, pause,
-                                  pred.tokens_per_s * max(0.0, horizon - pause), evict_nodes))
+            scored["evict_restart"] = [(Option("evict_restart", None, pred.iteration_s, pred.tokens_per_s, pause,
+                                               pred.tokens_per_s * max(0.0, horizon - pause), evict_nodes), pred)]
 
-        order = {"no_action": 0}
-        options.sort(key=lambda o: (order.get(o.name, 1 + o.name.count("+")), o.name))
-        no_action = options[0]
-        winner = max(options, key=lambda o: o.goodput_tokens)
-        evict = next((o for o in options if o.name == "evict_restart"), None)
+        (no_action, na_pred), = scored.pop("no_action")
+        evict, evict_pred = scored.pop("evict_restart", [(None, None)])[0]
+        default, default_pred = no_action, na_pred
+        if (evict is not None and evict.goodput_tokens > 0
+                and evict.goodput_tokens >= no_action.goodput_tokens * (1 - cfg.evict_tie_fraction)):
+            default, default_pred = evict, evict_pred
+        z = cfg.gain_confidence_z
+
+        def with_sd(o: Option, pred: Prediction) -> Option:
+            return o if o is default else replace(o, gain_sd_tokens=gain_sd_tokens(o, pred, default, default_pred,
+                                                                                    horizon))
+
+        def is_confident(o: Option) -> bool:
+            gain = o.goodput_tokens - default.goodput_tokens
+            return gain > 0 and gain > z * o.gain_sd_tokens
+
+        no_action = with_sd(no_action, na_pred)
+        evict = with_sd(evict, evict_pred) if evict is not None else None
+        default = no_action if default.name == "no_action" else evict
+        # each family's representative: its most goodput among candidates sure to gain, else its most goodput
+        adaptations = []
+        for family in scored.values():
+            family = [with_sd(o, pred) for o, pred in family]
+            sure = [o for o in family if is_confident(o)]
+            adaptations.append(max(sure or family, key=lambda o: o.goodput_tokens))
+        options = [no_action, *adaptations, *([evict] if evict is not None else [])]
+        options.sort(key=lambda o: (0 if o.name == "no_action" else 1 + o.name.count("+"), o.name))
+        confident = [o for o in adaptations if is_confident(o)]
+        winner = max([default, *confident], key=lambda o: o.goodput_tokens)
         if (evict is not None and evict is not winner and evict.goodput_tokens > 0
                 and evict.goodput_tokens >= winner.goodput_tokens * (1 - cfg.evict_tie_fraction)):
             # Within the model's error eviction wins: it removes the cause, and
@@ -315,12 +386,20 @@ class AdaptationPlanner:
             winner = evict
         if winner is not no_action and winner.goodput_tokens < no_action.goodput_tokens * (1 + cfg.min_gain_fraction):
             winner = no_action
+        # the best adaptation by expectation, when it lost only for being inside its uncertainty
+        unsure = max((o for o in adaptations if o not in confident and o.goodput_tokens > winner.goodput_tokens),
+                     key=lambda o: o.goodput_tokens, default=None)
         layout = winner.layout or current
         why = self._why(winner, options, healthy.tokens_per_s, horizon, spares)
+        if unsure is not None:
+            why = why[:-1] + (f"; {unsure.name} is predicted {unsure.goodput_tokens - default.goodput_tokens:,.0f}"
+                              f" tokens ahead of {default.name}, within {cfg.gain_confidence_z:g} standard"
+                              f" deviations ({unsure.gain_sd_tokens:,.0f}) of what the job would realise.")
         plan = Plan(
             chosen=winner.name, layout=layout, tp_changes=tuple(self._tp_changes(model, layout.tp_excluded)),
             options=tuple(options), healthy_tokens_per_s=healthy.tokens_per_s, horizon_s=horizon, why=why,
             evict_nodes=winner.evict_nodes, planning_s=0.0,
+            extra={"default": default.name, "gain_confidence_z": cfg.gain_confidence_z},
         )
         return _with_time(plan, time.perf_counter() - started)
 
@@ -359,9 +438,36 @@ class AdaptationPlanner:
         return text + "."
 
 
+def gain_sd_tokens(option: Option, pred: Prediction, base: Option, base_pred: Prediction, horizon_s: float) -> float:
+    """Standard deviation of the goodput gain of ``option`` over ``base`` that the job would realise.
+
+    Over the horizon an option runs ``N = (H - pause) / mu`` iterations of mean
+    time ``mu`` and trains ``tokens * (H - pause) / mean(X)`` tokens; linearised
+    around ``mu``, the gain's fluctuation is ``a_o X_o - a_b X_b`` per iteration
+    with ``a = tokens * (H - pause) / mu^2``, averaged over ``N`` iterations.
+    ``X_o`` and ``X_b`` are the cost model's paired Monte Carlo samples (the same
+    micro-batch stream), so what both layouts share cancels.
+    """
+    if pred.samples_s is None or not math.isfinite(pred.iteration_s) or option.goodput_tokens <= 0:
+        return 0.0
+    tokens = option.tokens_per_s * option.iteration_s
+
+    def weight(o: Option, p: Prediction) -> tuple[float, float]:
+        run = max(0.0, horizon_s - o.pause_s)
+        return tokens * run / p.iteration_s ** 2, run / p.iteration_s
+
+    a_o, n = weight(option, pred)
+    fluctuation = a_o * pred.samples_s
+    if base_pred.samples_s is not None and base.goodput_tokens > 0 and math.isfinite(base_pred.iteration_s):
+        a_b, n_b = weight(base, base_pred)
+        fluctuation = fluctuation - a_b * base_pred.samples_s
+        n = min(n, n_b)
+    return float(np.std(fluctuation) / math.sqrt(max(n, 1.0)))
+
+
 def _with_time(plan: Plan, seconds: float) -> Plan:
     return replace(plan, planning_s=seconds)
 
 
-__all__ = ["AdaptationPlanner", "Option", "Plan", "min_max_partition", "requeue_seconds",
+__all__ = ["AdaptationPlanner", "Option", "Plan", "gain_sd_tokens", "min_max_partition", "partial_shares", "requeue_seconds",
            "restart_seconds", "tp_exclusions", "SLOW_SPEED"]

@@ -10,6 +10,7 @@ from faultlens.models.costmodel import IterationCostModel, JobShape, Layout
 from faultlens.models.planner import (
     AdaptationPlanner,
     min_max_partition,
+    partial_shares,
     requeue_seconds,
     restart_seconds,
     tp_exclusions,
@@ -141,3 +142,45 @@ def test_pipeline_only_job_repartitions_layers():
     plan = AdaptationPlanner(AdaptationConfig(allow_tp_shrink=False)).plan(topo, shape, {slow: 0.5}, spares=0)
     assert plan.chosen == "repartition_layers"
     assert plan.layers_per_stage == (5, 2, 5)
+
+
+def test_partial_shares_move_part_of_the_way_keeping_the_total():
+    assert partial_shares((32, 32), (30, 34)) == [(31, 33)]
+    for share in partial_shares((16,) * 8, (17,) * 7 + (9,)):
+        assert sum(share) == 128 and share[7] < 16 and all(16 <= x <= 17 for x in share[:7])
+    assert partial_shares((4, 4), (4, 4)) == []
+
+
+NOISY = JobShape(num_layers=32, microbatches=32, microbatch_s=8.0, tokens_per_microbatch=8192,
+                 dp_sync_s=0.3, microbatch_cv=0.4)
+TWO = Topology.packed(tp=8, pp=4, dp=2)
+SLOW2 = TWO.rank_of(tp=1, dp=0, pp=1)
+
+
+def _plan2(slowdown: float, horizon_s: float, z: float):
+    cfg = AdaptationConfig(gain_confidence_z=z)
+    return AdaptationPlanner(cfg).plan(TWO, NOISY, {SLOW2: 1 / (1 + slowdown)}, spares=0, horizon_s=horizon_s)
+
+
+def test_a_gain_inside_its_uncertainty_is_not_taken():
+    # 8% slow, two replicas, a 10-minute horizon: rebalancing is expected to gain ~1%,
+    # but over ~70 iterations of heavy-tailed micro-batches it may well come out negative
+    blind = _plan2(0.08, 600, z=0.0)
+    assert blind.chosen == "rebalance_microbatches"
+    careful = _plan2(0.08, 600, z=2.0)
+    rebalance = careful.option("rebalance_microbatches")
+    gain = rebalance.goodput_tokens - careful.option("no_action").goodput_tokens
+    assert 0 < gain < 2.0 * rebalance.gain_sd_tokens
+    assert careful.chosen == "no_action" and "standard deviations" in careful.why
+    # an hour averages six times the iterations: the same gain becomes sure
+    assert _plan2(0.08, 3600, z=2.0).chosen == "rebalance_microbatches"
+    # a large slowdown gains far beyond the noise at once
+    sure = _plan2(0.4, 600, z=2.0)
+    assert sure.chosen == "rebalance_microbatches"
+    assert sure.chosen_option.goodput_tokens - sure.option("no_action").goodput_tokens > 5 * sure.chosen_option.gain_sd_tokens
+
+
+def test_deterministic_costs_carry_no_uncertainty():
+    plan = _plan(1 / 1.4, spares=0)
+    assert all(o.gain_sd_tokens == 0.0 for o in plan.options)
+    assert plan.to_dict()["default"] == "no_action"

@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 from faultlens.datasets import steptime, workload
 from faultlens.models.costmodel import IterationCostModel, JobShape, Layout
+from faultlens.models.planner import AdaptationPlanner
 from faultlens.stream.topology import Topology
+
+from faultlens.config import AdaptationConfig
 
 STEPS = 30
 
@@ -88,3 +91,44 @@ def test_a_wrong_model_would_fail_the_check():
     wrong = IterationCostModel(topo, shape, {slow: 0.3}).predict(Layout((4, 4), (8, 8))).iteration_s
     assert abs(right - simulated) / simulated < 0.01
     assert abs(wrong - simulated) / simulated > 0.05
+
+
+def test_the_gain_uncertainty_matches_the_spread_the_simulator_realises():
+    """The planner's standard deviation of a rebalance's realised gain, against many simulated windows.
+
+    The planner sees 50 iterations of history; the simulator then runs 80
+    windows of the horizon's iterations under both layouts (the same micro-batch
+    stream). The spread of the realised gain must match the predicted one; an
+    unpaired estimate (the layouts' variances added) would not.
+    """
+    topo = Topology.packed(2, 4, 2, gpus_per_node=8)
+    slow = topo.rank_of(tp=1, dp=0, pp=2)
+    speeds = {slow: 1 / 1.1}
+    sim_cost, spec, rng = steptime.CostModel(), workload.WorkloadSpec(), np.random.default_rng(11)
+    total = 2 * 16
+
+    def draw(iterations: int) -> np.ndarray:
+        mb = workload.pack(rng, iterations * total, spec)
+        return sim_cost.microbatch_cost(mb.tokens, mb.sum_len_sq).reshape(iterations, total)
+
+    history = draw(50)
+    shape = JobShape(num_layers=16, microbatches=16, microbatch_s=float(history.mean()) * topo.pp,
+                     tokens_per_microbatch=spec.tokens_per_microbatch, dp_sync_s=sim_cost.sync_s,
+                     sync_grows_with_params=False, microbatch_cv=float(history.std() / history.mean()),
+                     microbatch_cost_samples=tuple(history.ravel()))
+    plan = AdaptationPlanner(AdaptationConfig(gain_confidence_z=0.0)).plan(topo, shape, speeds, spares=0,
+                                                                             horizon_s=120.0)
+    rebalance, no_action = plan.option("rebalance_microbatches"), plan.option("no_action")
+    predicted_sd = rebalance.gain_sd_tokens / no_action.goodput_tokens
+    n = round(120.0 / rebalance.iteration_s)
+    windows = draw(80 * n)
+    speed = np.ones(topo.world_size)
+    speed[slow] = speeds[slow]
+    sim = {"microbatches_per_replica": list(rebalance.layout.microbatches_per_replica)}
+    a, _ = steptime.iteration_times(topo, speed, None, windows, sync_s=sim_cost.sync_s)
+    b, _ = steptime.iteration_times(topo, speed, sim, windows, sync_s=sim_cost.sync_s)
+    realised = a.reshape(80, n).mean(axis=1) / b.reshape(80, n).mean(axis=1) - 1.0
+    assert 0.7 < realised.std() / predicted_sd < 1.4
+    assert abs(realised.mean() - (rebalance.goodput_tokens / no_action.goodput_tokens - 1)) < 2 * predicted_sd
+    unpaired = np.hypot(a.std() / a.mean(), b.std() / b.mean()) / np.sqrt(n)
+    assert not 0.7 < realised.std() / unpaired < 1.4
