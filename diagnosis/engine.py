@@ -21,7 +21,7 @@ import math
 import re
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -228,6 +228,7 @@ class DiagnosisEngine:
         if finding is not None:
             signal.figures.setdefault("meaning", getattr(finding, "text", "")[:300])
             signal.category = finding.category
+        _mark_estimated(signal, record)
         if signal.kind == "hang":
             signal.role = "job"  # a watchdog timeout says the job hangs, not where
         self._file(signal)
@@ -236,6 +237,7 @@ class DiagnosisEngine:
         sig = Signal(ts=record.ts, job=job, kind="user_exception", role="job", confidence=0.5,
                      rule="engine:python_exception", source="nccl", text=record.raw, node=record.node,
                      rank=record.rank)
+        _mark_estimated(sig, record)
         inc = self._file(sig, decide=False)
         if inc is None:
             return
@@ -432,6 +434,13 @@ class DiagnosisEngine:
         return [getattr(d, "name", type(d).__name__) for d in self.detectors]
 
 
+def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
+    """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
+    if record.fields.get("ts_estimated"):
+        signal.figures["ts_estimated"] = True
+        signal.figures["ts_anchor"] = record.fields.get("ts_anchor", "")
+
+
 def _id(prefix: str, *parts: Any) -> str:
     return f"{prefix}-" + hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:12]
 
@@ -463,11 +472,17 @@ def default_detectors() -> list[Detector]:
     return out
 
 
-def run_records(engine: DiagnosisEngine, records: Iterable[Any], *, tick_every_s: float = 10.0) -> list[Output]:
-    """Feed time-ordered records, ticking on event time; a final tick settles what is pending."""
+def run_records(engine: DiagnosisEngine, records: Iterable[Any], *, tick_every_s: float = 10.0,
+                progress: Callable[[int], None] | None = None, progress_every: int = 20_000) -> list[Output]:
+    """Feed time-ordered records, ticking on event time; a final tick settles what is pending.
+
+    ``progress(n)`` is called every ``progress_every`` records with the count so far.
+    """
     outputs: list[Output] = []
     next_tick: float | None = None
-    for rec in records:
+    for n, rec in enumerate(records, 1):
+        if progress is not None and n % progress_every == 0:
+            progress(n)
         ts = getattr(rec, "ts", None)
         if isinstance(ts, (int, float)):
             if next_tick is None or ts - next_tick > 100 * tick_every_s:

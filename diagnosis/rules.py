@@ -14,6 +14,7 @@ import statistics
 import tomllib
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,8 @@ def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
 @dataclass
 class _GpuMemory:
     last: GpuState | None = None
+    edge: tuple[Any, ...] | None = None  # last's values of the fields the increase/flag/bits rules read
+    quiet: bool = False  # at the last full evaluation no bits rule saw one of its bits set
     history: dict[str, deque] = field(default_factory=dict)  # field -> deque[(ts, value)]
     streak: dict[str, int] = field(default_factory=dict)  # rule -> consecutive matches
     active: set[str] = field(default_factory=set)  # rules currently firing (edge detection)
@@ -101,33 +104,114 @@ class _GpuMemory:
 
 
 class CounterRules:
-    """Stateful evaluator: ``observe(sample) -> [Finding]``."""
+    """Stateful evaluator: ``observe(sample) -> [Finding]``.
+
+    Most samples change no counter, and the rules are written so that such a
+    sample costs little while every result stays what a full evaluation gives:
+    while a GPU's ``increase`` (threshold > 0), ``flag`` and ``bits`` fields hold
+    the values of its previous sample and no throttle bit of a ``bits`` rule was
+    set then, those rules can neither fire nor change state, so the sample only
+    goes through the ``rate`` rules (whose time windows see every sample). Peer
+    clocks are only gathered when throttle bits are set.
+    """
 
     def __init__(self, rules: list[CounterRule] | None = None):
         self.rules = rules if rules is not None else load_counter_rules()
         self._gpus: dict[tuple[str, int], _GpuMemory] = {}
+        self._rates = [r for r in self.rules if r.test == "rate"]
+        self._bits = [r for r in self.rules if r.test == "bits"]
+        fields = sorted({r.field for r in self.rules if r.test != "rate"})
+        self._edge_of = (lambda g: ()) if not fields else (lambda g, get=attrgetter(*fields): (get(g),))
+        # A steady sample may skip every rule but the rate ones only if none of those fires on an unchanged value.
+        self._steady_ok = all(r.threshold > 0 for r in self.rules if r.test in ("increase", "rate"))
 
     def observe(self, sample: GpuSample) -> list[Finding]:
         out: list[Finding] = []
-        for g in sample.gpus:
-            mem = self._gpus.setdefault((sample.node, g.index), _GpuMemory())
-            peers = [o.sm_clock_mhz for o in sample.gpus if o.index != g.index and not o.lost]
-            for rule in self.rules:
-                hit = self._check(rule, g, mem, sample.ts, peers)
-                if hit is not None:
-                    figures, text_vars = hit
-                    out.append(Finding(
-                        ts=sample.ts, kind=rule.kind, category=rule.category, severity=rule.severity,
-                        action=rule.action, confidence=rule.confidence, source="gpu", rule=f"counters:{rule.name}",
-                        text=_fmt(rule.text, gpu=g.index, **text_vars), node=sample.node, job=sample.job,
-                        gpu=g.index, figures=figures,
-                    ))
+        gpus = sample.gpus
+        ts = sample.ts
+        for g in gpus:
+            key = (sample.node, g.index)
+            mem = self._gpus.get(key)
+            if mem is None:
+                mem = self._gpus[key] = _GpuMemory()
+            edge = self._edge_of(g)
+            if mem.quiet and edge == mem.edge and self._steady_ok:
+                for rule in self._rates:
+                    hit = self._rate(rule, getattr(g, rule.field), mem, ts, steady=True)
+                    if hit is not None:
+                        out.append(self._finding(rule, hit, sample, g))
+            else:
+                for rule in self.rules:
+                    hit = self._check(rule, g, mem, ts, gpus)
+                    if hit is not None:
+                        out.append(self._finding(rule, hit, sample, g))
+                mem.quiet = not any(int(getattr(g, r.field)) & r.mask for r in self._bits)
             mem.last = g
+            mem.edge = edge
         return out
 
+    @staticmethod
+    def _finding(rule: CounterRule, hit: tuple[dict[str, Any], dict[str, Any]], sample: GpuSample,
+                 g: GpuState) -> Finding:
+        figures, text_vars = hit
+        return Finding(
+            ts=sample.ts, kind=rule.kind, category=rule.category, severity=rule.severity,
+            action=rule.action, confidence=rule.confidence, source="gpu", rule=f"counters:{rule.name}",
+            text=_fmt(rule.text, gpu=g.index, **text_vars), node=sample.node, job=sample.job,
+            gpu=g.index, figures=figures,
+        )
+
+    @staticmethod
+    def _rate(rule: CounterRule, value: Any, mem: _GpuMemory, ts: float, *,
+              steady: bool = False) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        hist = mem.history.get(rule.field)
+        if hist is None:
+            hist = mem.history[rule.field] = deque()
+        hist.append((ts, value))
+        while len(hist) > 2 and ts - hist[1][0] >= rule.window_s:
+            hist.popleft()
+        t0, v0 = hist[0]
+        if steady and value == v0:
+            return None  # no rise over the window: a rate of 0 is below any threshold > 0
+        span = ts - t0
+        if span < rule.window_s * 0.5 or span <= 0:
+            return None
+        rate = (value - v0) * 60.0 / span
+        if rate < rule.threshold:
+            return None
+        if ts - mem.last_fired.get(rule.name, -1e18) < rule.window_s:
+            return None
+        mem.last_fired[rule.name] = ts
+        return {rule.field: value, "rate_per_min": round(rate, 2), "window_s": span}, {"rate": rate, "value": value}
+
     def _check(self, rule: CounterRule, g: GpuState, mem: _GpuMemory, ts: float,
-               peer_clocks: list[float]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+               gpus: list[GpuState]) -> tuple[dict[str, Any], dict[str, Any]] | None:
         value = getattr(g, rule.field)
+        if rule.test == "rate":
+            return self._rate(rule, value, mem, ts)
+        if rule.test == "bits":
+            set_bits = int(value) & rule.mask
+            if not set_bits:
+                mem.streak[rule.name] = 0
+                mem.active.discard(rule.name)
+                return None
+            peer_clocks = [o.sm_clock_mhz for o in gpus if o.index != g.index and not o.lost]
+            peer_clock = statistics.median(peer_clocks) if peer_clocks else 0.0
+            clock_ok = True
+            if rule.clock_drop_frac is not None:
+                clock_ok = peer_clock > 0 and g.sm_clock_mhz <= peer_clock * (1.0 - rule.clock_drop_frac)
+            if clock_ok:
+                mem.streak[rule.name] = mem.streak.get(rule.name, 0) + 1
+            else:
+                mem.streak[rule.name] = 0
+                mem.active.discard(rule.name)
+                return None
+            if mem.streak[rule.name] >= rule.sustain_samples and rule.name not in mem.active:
+                mem.active.add(rule.name)
+                figures = {"throttle_reasons": int(value), "sm_clock_mhz": g.sm_clock_mhz,
+                           "peer_sm_clock_mhz": peer_clock, "temp_c": g.temp_c, "samples": mem.streak[rule.name]}
+                return figures, {"clock": g.sm_clock_mhz, "peer_clock": peer_clock, "value": value}
+            return None
         if rule.test == "increase":
             if mem.last is None:
                 return None
@@ -143,40 +227,6 @@ class CounterRules:
                 mem.active.add(rule.name)
             if firing and not was:
                 return {rule.field: True}, {"value": value}
-            return None
-        if rule.test == "rate":
-            hist = mem.history.setdefault(rule.field, deque())
-            hist.append((ts, value))
-            while len(hist) > 2 and ts - hist[1][0] >= rule.window_s:
-                hist.popleft()
-            t0, v0 = hist[0]
-            span = ts - t0
-            if span < rule.window_s * 0.5 or span <= 0:
-                return None
-            rate = (value - v0) * 60.0 / span
-            if rate < rule.threshold:
-                return None
-            if ts - mem.last_fired.get(rule.name, -1e18) < rule.window_s:
-                return None
-            mem.last_fired[rule.name] = ts
-            return {rule.field: value, "rate_per_min": round(rate, 2), "window_s": span}, {"rate": rate, "value": value}
-        if rule.test == "bits":
-            set_bits = int(value) & rule.mask
-            peer_clock = statistics.median(peer_clocks) if peer_clocks else 0.0
-            clock_ok = True
-            if rule.clock_drop_frac is not None:
-                clock_ok = peer_clock > 0 and g.sm_clock_mhz <= peer_clock * (1.0 - rule.clock_drop_frac)
-            if set_bits and clock_ok:
-                mem.streak[rule.name] = mem.streak.get(rule.name, 0) + 1
-            else:
-                mem.streak[rule.name] = 0
-                mem.active.discard(rule.name)
-                return None
-            if mem.streak[rule.name] >= rule.sustain_samples and rule.name not in mem.active:
-                mem.active.add(rule.name)
-                figures = {"throttle_reasons": int(value), "sm_clock_mhz": g.sm_clock_mhz,
-                           "peer_sm_clock_mhz": peer_clock, "temp_c": g.temp_c, "samples": mem.streak[rule.name]}
-                return figures, {"clock": g.sm_clock_mhz, "peer_clock": peer_clock, "value": value}
             return None
         return None  # pragma: no cover - validated at load
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -62,18 +63,26 @@ def run(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def read_dir(path: Path) -> tuple[Any, list[Any]]:
-    """(job topology, time-ordered records) of a batch directory, via collectors.batch."""
+def read_dir(path: Path, progress: Any = None) -> tuple[Any, list[Any]]:
+    """(job topology, time-ordered records) of a batch directory, via collectors.batch.
+
+    ``progress(phase, done, total)`` is passed to the reader.
+    """
+    data = _read_batch(path, progress)
+    return data.job, list(data.records())
+
+
+def _read_batch(path: Path, progress: Any = None) -> Any:
     try:
         from faultlens.collectors.batch import read_batch_dir
     except ImportError as exc:
         raise ConfigError(f"the batch reader (collectors/batch.py) is not installed: {exc}") from None
-    data = read_batch_dir(path)
-    return data.job, list(data.records())
+    return read_batch_dir(path, progress=progress)
 
 
 def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_path: str | None) -> int:
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from faultlens.diagnosis.batch import diagnose_records
     from faultlens.diagnosis.nodehealth import NodeHealth
@@ -82,30 +91,52 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     console = Console(stderr=True)
     if not path.is_dir():
         raise ConfigError(f"{path} is not a directory")
-    t0 = time.perf_counter()
-    with console.status(f"reading {path}"):
-        job, records = read_dir(path)
-    t1 = time.perf_counter()
-    health = NodeHealth(health_path) if health_path else None
-    with console.status(f"diagnosing {len(records):,} records"):
-        incidents, actions = diagnose_records(job, records, config, detectors=detectors, node_health=health)
-    t2 = time.perf_counter()
+    columns = (TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        t0 = time.perf_counter()
+        reading = bar.add_task("reading", total=None)
+
+        def read_progress(phase: str, done: int, total: int) -> None:
+            bar.update(reading, completed=done, total=total, description=f"reading {phase}")
+
+        data = _read_batch(path, read_progress)
+        records = list(data.records())
+        gc.freeze()  # the records live to the end: later collections need not rescan millions of them
+        t1 = time.perf_counter()
+        health = NodeHealth(health_path) if health_path else None
+        diagnosing = bar.add_task("diagnosing", total=len(records))
+        incidents, actions = diagnose_records(data.job, records, config, detectors=detectors, node_health=health,
+                                              progress=lambda n: bar.update(diagnosing, completed=n))
+        bar.update(diagnosing, completed=len(records))
+        t2 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     (out / "incidents.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(i)) + b"\n" for i in incidents))
     (out / "actions.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(a)) + b"\n" for a in actions))
-    (out / "report.md").write_text(render_report(path, incidents, actions, detectors, len(records), t1 - t0, t2 - t1))
+    (out / "report.md").write_text(render_report(path, incidents, actions, detectors, len(records), t1 - t0, t2 - t1,
+                                                 clocks=data.clocks, errors=data.errors))
     console.print(f"{len(records):,} records, {len(incidents)} incident(s), {len(actions)} action(s) "
-                  f"-> {out} (read {t1 - t0:.1f} s, diagnosed {t2 - t1:.1f} s)")
+                  f"-> {out} (read {t1 - t0:.1f} s, diagnosed {t2 - t1:.1f} s, total {t2 - t0:.1f} s)")
+    if data.errors:
+        console.print(f"  {len(data.errors)} bad input line(s), e.g. {data.errors[0]}")
     for a in actions:
         console.print(f"  {a.type:16} {', '.join(a.nodes) or '-':24} {a.reason[:120]}")
     return 0
 
 
 def render_report(path: Path, incidents: list[Any], actions: list[Any], detectors: list[Any], n_records: int,
-                  read_s: float, diag_s: float) -> str:
+                  read_s: float, diag_s: float, *, clocks: dict[str, Any] | None = None,
+                  errors: list[str] | None = None) -> str:
     lines = [f"# faultlens diagnosis of `{path}`", "",
              f"{n_records:,} records read in {read_s:.1f} s, diagnosed in {diag_s:.1f} s. "
-             f"Detectors: {', '.join(getattr(d, 'name', '?') for d in detectors) or 'none'}.", "", "## Actions", ""]
+             f"Detectors: {', '.join(getattr(d, 'name', '?') for d in detectors) or 'none'}."]
+    if errors:
+        lines.append(f"{len(errors)} input line(s) could not be read, e.g. `{errors[0][:200]}`.")
+    estimated = {n: c for n, c in (clocks or {}).items() if c.estimated}
+    if estimated:
+        how = sorted({c.boot_from or "untimed lines" for c in estimated.values()})
+        lines.append(f"Log times estimated on {len(estimated)} node(s) ({', '.join(how)}): "
+                     f"{sum(c.estimated for c in estimated.values()):,} record(s) marked `ts_estimated`.")
+    lines += ["", "## Actions", ""]
     if not actions:
         lines.append("No action: nothing needed the runner.")
     for a in actions:
