@@ -75,7 +75,8 @@ def score_suite(n: int, seed: int, max_nodes: int, config: Config, tmp: Path) ->
         row["n"] += 1
         got = decisive(actions)
         evicted = {n for a in actions if a.type in ("evict_nodes", "adapt_parallelism") for n in a.nodes}
-        ok = got == expected or (kind == "thermal_throttle" and got == "adapt_parallelism" and culprits <= evicted)
+        # Adapting around a slow machine (issue 7) answers an eviction when it names the culprit.
+        ok = got == expected or (expected == "evict_nodes" and got == "adapt_parallelism" and culprits <= evicted)
         row["correct"] += ok
         if evicted:
             row["evicting"] += 1

@@ -136,6 +136,7 @@ class DiagnosisEngine:
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
         self._classify = _load_classify() if classify == "auto" else classify
         self.now = 0.0
+        self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
 
     # ------------------------------------------------------------------ input
@@ -284,6 +285,7 @@ class DiagnosisEngine:
         if now is not None and now > self.now:
             self.now = now
         now = self.now
+        self._final = final
         for det in self.detectors:
             try:
                 for f in det.tick(now):
@@ -377,6 +379,8 @@ class DiagnosisEngine:
         if job and job.topology:
             world = job.topology.world_size
         decision = self.policy.decide(inc, self.now, world_size=world)
+        if decision is not None and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
+            decision = self._adapt_or_evict(inc, decision)
         if decision is None or decision.type in inc.decided:
             return
         if decision.type == "notify":
@@ -384,6 +388,42 @@ class DiagnosisEngine:
                 inc.state["notify"] = decision  # held back: a stronger signal may still arrive
             return
         self._act(inc, decision)
+
+    def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision:
+        """A slow (not dead) machine: ask the adaptation planner whether keeping the job
+        running on a new plan beats evicting it, by predicted goodput over the horizon.
+
+        Needs the job's topology and a measured slowdown (the fail-slow detector's
+        figures in the evidence); without them the explicit rule's eviction stands, and
+        when the planner finds that nothing pays off the eviction stands too (the
+        machine is faulty; a person can still choose to keep it)."""
+        job = self._jobs.get(inc.job)
+        if not self.config.adaptation.enabled or job is None or job.topology is None:
+            return decision
+        if inc.decided & {"evict_nodes", "adapt_parallelism"}:
+            return None  # one remedy per incident
+        measured = next((e for e in reversed(inc.evidence)
+                         if str(e.get("source", "")).startswith("model:") and "slowdown" in (e.get("figures") or {})), None)
+        if measured is None:
+            # ByteRobust confirms a throttling gray failure against the job's throughput before
+            # acting: wait a while for the step-time detector to measure the slowdown.
+            waited = self.now - inc.opened_ts
+            return decision if (self._final or waited >= self.config.adaptation.confirm_wait_s) else None
+        from faultlens.diagnosis.adaptation import choose_remediation
+
+        finding = Finding(ts=float(measured.get("ts", self.now)), kind="fail_slow", category=inc.category,
+                          severity="critical", action="evict_node", confidence=decision.confidence,
+                          source=str(measured.get("source")), rule=str(measured.get("rule", "")),
+                          text=str(measured.get("text", "")), node=measured.get("node"), job=inc.job,
+                          gpu=measured.get("gpu"), rank=measured.get("rank"), figures=dict(measured["figures"]))
+        try:
+            action = choose_remediation(finding, job.topology, config=self.config, incident_id=inc.id, now=self.now)
+        except (ValueError, KeyError) as exc:
+            log.warning("adaptation planner could not plan for %s: %s", inc.id, exc)
+            return decision
+        if action.type == "adapt_parallelism":
+            return Decision("adapt_parallelism", tuple(decision.nodes), action.reason, decision.confidence, plan=action.plan)
+        return Decision(decision.type, decision.nodes, decision.reason, decision.confidence, plan=action.plan)
 
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
         job = self._jobs.get(inc.job)
@@ -439,6 +479,10 @@ def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     if record.fields.get("ts_estimated"):
         signal.figures["ts_estimated"] = True
         signal.figures["ts_anchor"] = record.fields.get("ts_anchor", "")
+
+
+# Incident kinds where a machine is slow rather than dead: the planner may keep it.
+ADAPTABLE_KINDS = frozenset({"fail_slow", "thermal_throttle", "pcie_degradation"})
 
 
 def _id(prefix: str, *parts: Any) -> str:

@@ -187,8 +187,14 @@ class IncidentBook:
         muted = self.inhibitor.muted_by(signal.kind, signal.role, signal.job, signal.node, signal.ts)
         if muted is not None:
             rule, cause = muted
-            self.muted_count += 1
             host = self.incidents.get(cause.incident_id)
+            if self.inhibitor.effect(rule) == "corroborate" and host is not None and host.status == "open":
+                before = host.confidence
+                self._absorb(host, signal)
+                host.confidence = max(host.confidence, 1.0 - (1.0 - before) * (1.0 - signal.confidence))
+                host.state.setdefault("corroborated_by", []).append(rule)
+                return host
+            self.muted_count += 1
             if host is not None and len(host.muted) < MAX_EVIDENCE:
                 host.muted.append({"item": f"{signal.kind}: {signal.text[:300]}", "by_rule": rule, "ts": signal.ts,
                                    "node": signal.node, "rank": signal.rank})

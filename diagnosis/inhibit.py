@@ -5,6 +5,11 @@ minutes later; an IB link going down explains the NCCL completion errors of its
 peers. Rather than correlate by hand in code, rules name a cause's kinds and the
 kinds (and roles) it mutes, the scope (same job or same node) and a time window.
 A muted signal or incident records the rule that muted it.
+
+A rule with ``effect = "corroborate"`` does not drop its target: the target
+signal joins the cause's incident as more evidence and raises its confidence
+(a PCIe replay storm plus the step-time detector's fail-slow finding on the same
+node is one stronger incident, not one weak incident and one muted finding).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class InhibitRule:
     window_s: float = 1800.0
     lead_s: float = 60.0
     target_roles: tuple[str, ...] = ()
+    effect: str = "mute"  # mute | corroborate
 
 
 def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
@@ -38,6 +44,8 @@ def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
             raise CatalogError(str(exc), file=str(path), entry=name) from None
         if rule.scope not in ("job", "node"):
             raise CatalogError(f"scope {rule.scope!r} must be job or node", file=str(path), entry=name)
+        if rule.effect not in ("mute", "corroborate"):
+            raise CatalogError(f"effect {rule.effect!r} must be mute or corroborate", file=str(path), entry=name)
         if not rule.source_kinds or not rule.target_kinds:
             raise CatalogError("source_kinds and target_kinds must not be empty", file=str(path), entry=name)
         rules.append(rule)
@@ -58,7 +66,12 @@ class Inhibitor:
 
     def __init__(self, rules: list[InhibitRule] | None = None):
         self.rules = rules if rules is not None else load_inhibit_rules()
+        self._effect = {r.name: r.effect for r in self.rules}
         self._causes: list[Cause] = []
+
+    def effect(self, rule_name: str) -> str:
+        """``mute`` or ``corroborate``: what the named rule does to its target."""
+        return self._effect.get(rule_name, "mute")
 
     def note_cause(self, cause: Cause) -> None:
         self._causes.append(cause)

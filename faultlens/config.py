@@ -130,6 +130,8 @@ class AdaptationConfig:
     a warm-standby restart is ``warm_standby_speedup`` times faster.
     """
 
+    enabled: bool = True  # let the remediation policy choose adapt_parallelism over evicting a slow machine
+    confirm_wait_s: float = 120.0  # wait this long for a measured slowdown before evicting a throttled GPU
     horizon_s: float = 1800.0  # expected remaining time of a fail-slow fault
     spare_nodes: int = 0  # warm standby machines the runner can swap in
     requeue_s_at_128: float = 454.0

@@ -24,7 +24,14 @@ def test_expected_action_on_the_culprit(kind, tmp_path):
     _, actions = diagnose_records(data.job, list(data.records()), Config(), detectors=default_detectors())
     types = {a.type for a in actions}
     decisive = next((t for t in PRIORITY if t in types), "none")
-    assert decisive == (fault["expected_action"] if fault else "none"), [(a.type, a.nodes, a.reason) for a in actions]
+    expected = fault["expected_action"] if fault else "none"
+    if decisive == "adapt_parallelism" and expected == "evict_nodes":
+        # Adapting around a slow machine is the planner's better answer to an eviction (issue 7);
+        # it must still name the culprit.
+        adapted = {n for a in actions if a.type == "adapt_parallelism" for n in a.nodes}
+        assert set(fault["nodes"]) <= adapted and all(a.plan for a in actions if a.type == "adapt_parallelism")
+        return
+    assert decisive == expected, [(a.type, a.nodes, a.reason) for a in actions]
     evicted = {n for a in actions if a.type == "evict_nodes" for n in a.nodes}
     if decisive == "evict_nodes":
         assert set(fault["nodes"]) <= evicted and len(evicted) <= len(fault["nodes"]) + 1
