@@ -20,11 +20,13 @@ from faultlens.stream.bus import Consumer, ensure_topics
 from faultlens.supervise import Supervisor
 
 # (fault kind, expected action type or None, culprit node for evictions). The live
-# command places the i-th fault on node index (i*5+3) mod nodes: n004 with 4 nodes.
+# command places the i-th fault on node index (i*5+3) mod nodes (4 nodes: n004, n001,
+# n002, n003). A hang evicts the demarcated parallel group, which holds the culprit.
 SEQUENCE = [
     ("gpu_lost", "evict_nodes", "n004"),
     ("user_exception", "rollback_code", None),
     ("ib_flap_transient", None, None),
+    ("hang_stuck_rank", "evict_nodes", "n003"),
 ]
 
 
@@ -33,15 +35,18 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap)
         ensure_topics(bus)
-        sup = Supervisor(tmp_path, service_env(tmp_path, broker.bootstrap))
+        # A 4-node job: let a hang's over-eviction take half of it (the default 25% blast
+        # radius would rightly turn the 2-machine group into a notify).
+        sup = Supervisor(tmp_path, {**service_env(tmp_path, broker.bootstrap),
+                                    "FAULTLENS_GUARD_MAX_EVICTED_FRACTION": "0.5"})
         consumer = Consumer(bus, ["actions", "action-status"], group_id=None)
         actions: dict[str, dict] = {}
         statuses: dict[str, str] = {}
         try:
-            start_pipeline(sup, nodes=4, speed=40.0, segment=240.0, workdir=tmp_path,
+            start_pipeline(sup, nodes=4, speed=50.0, segment=420.0, workdir=tmp_path,
                            faults=[k for k, _, _ in SEQUENCE])
             cluster = sup.children[-1]
-            deadline = time.monotonic() + 150
+            deadline = time.monotonic() + 180
             quiet_until = None
             while time.monotonic() < deadline:
                 for m in consumer.poll(500):
@@ -62,8 +67,14 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
             sup.stop()
 
     by_job = {a["job"]: a for a in actions.values()}
-    got = sorted((a["job"], a["type"], tuple(a["nodes"])) for a in actions.values())
-    want = sorted((f"llm-pretrain-a{i + 1}", t, (n,) if n else ()) for i, (_, t, n) in enumerate(SEQUENCE) if t)
+    hang_job = f"llm-pretrain-a{len(SEQUENCE)}"
+    hang = [a for a in actions.values() if a["job"] == hang_job]
+    assert len(hang) == 1 and hang[0]["type"] == "evict_nodes" and "n003" in hang[0]["nodes"], [
+        (a["type"], a["nodes"], a["reason"]) for a in hang]
+    assert hang[0]["plan"]["outliers"], "the eviction names the outlier ranks it demarcated"
+    got = sorted((a["job"], a["type"], tuple(a["nodes"])) for a in actions.values() if a["job"] != hang_job)
+    want = sorted((f"llm-pretrain-a{i + 1}", t, (n,) if n else ())
+                  for i, (k, t, n) in enumerate(SEQUENCE) if t and k != "hang_stuck_rank")
     assert got == want, f"actions {got}, expected {want}\ndiagnose log:\n{sup.tail('diagnose', 40)}"
     assert "llm-pretrain-a3" not in by_job  # a single flap is tolerated
     assert all(a["dry_run"] for a in actions.values())
@@ -75,7 +86,7 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
     lake_actions = sorted(
         (job, typ, tuple(orjson.loads(nodes))) for job, typ, nodes in con.execute("select job, type, nodes from actions").fetchall()
     )
-    assert lake_actions == want
+    assert lake_actions == sorted([*want, (hang_job, "evict_nodes", tuple(hang[0]["nodes"]))])
     n_incidents = con.execute("select count(distinct id) from incidents").fetchone()[0]
     assert n_incidents >= 2
     assert con.execute("select count(*) from gpu").fetchone()[0] > 0

@@ -69,6 +69,15 @@ def test_every_action_type_validates(actions, type_) -> None:
     assert actions.errors(schema.cloudevent(_action(type_, nodes=nodes, **extra))) == []
 
 
+def test_an_eviction_carries_its_demarcated_group_or_the_planner_options(actions) -> None:
+    # What the engine really sends: a hang's over-eviction names the parallel group it
+    # demarcated; the runner once refused it because only adapt_parallelism plans were allowed.
+    group = {"group": "tp+pp", "group_ranks": [24, 25, 56, 57], "outliers": [27, 59], "missing": []}
+    assert actions.errors(schema.cloudevent(_action("evict_nodes", nodes=["n004", "n008"], plan=group))) == []
+    assert actions.errors(schema.cloudevent(_action("evict_nodes", nodes=["n004"], plan=PLAN))) == []
+    assert actions.errors(schema.cloudevent(_action("adapt_parallelism", nodes=["n004"], plan=group))) != []
+
+
 def _broken(event: dict, path: str, value: object) -> dict:
     out = copy.deepcopy(event)
     *head, last = path.split(".")
