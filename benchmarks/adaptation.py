@@ -49,14 +49,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from faultlens.config import AdaptationConfig  # noqa: E402
 from faultlens.datasets import steptime, workload  # noqa: E402
 from faultlens.diagnosis.adaptation import plan_for_finding  # noqa: E402
 from faultlens.models.costmodel import JobShape, Layout  # noqa: E402
 from faultlens.models.planner import AdaptationPlanner, restart_seconds  # noqa: E402
 from faultlens.stream.schema import Finding  # noqa: E402
 from faultlens.stream.topology import Topology  # noqa: E402
-
-from faultlens.config import AdaptationConfig  # noqa: E402
 
 SLOWDOWNS = (0.05, 0.10, 0.20, 0.40, 0.60)
 # (name, tp, pp, dp, layers, micro-batches per replica): both 256 GPUs on 32 machines

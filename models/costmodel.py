@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from faultlens.stream.topology import Topology
 
 FAILED = 0.0  # speed of a GPU that no longer computes

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+from faultlens.config import AdaptationConfig
 from faultlens.models.costmodel import (
     IterationCostModel,
     JobShape,
@@ -55,8 +57,6 @@ from faultlens.models.costmodel import (
     pipeline_time_bound,
 )
 from faultlens.stream.topology import Topology
-
-from faultlens.config import AdaptationConfig
 
 SLOW_SPEED = 0.98  # a rank below this relative speed is treated as degraded
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import jsonschema
 import pytest
+
+from faultlens.config import AdaptationConfig, load_config
 from faultlens.diagnosis.adaptation import choose_remediation, speeds_from_finding
 from faultlens.models.costmodel import JobShape
 from faultlens.stream.schema import Finding, cloudevent, decode, encode
 from faultlens.stream.topology import Topology
-
-from faultlens.config import AdaptationConfig, load_config
 from tests.conftest import REPO
 
 TOPO = Topology.packed(tp=8, pp=4, dp=4, job="j1")

@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+
 from faultlens.models.costmodel import (
     IterationCostModel,
     JobShape,

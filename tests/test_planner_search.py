@@ -6,6 +6,8 @@ import itertools
 import random
 
 import pytest
+
+from faultlens.config import AdaptationConfig
 from faultlens.models.costmodel import IterationCostModel, JobShape, Layout
 from faultlens.models.planner import (
     AdaptationPlanner,
@@ -16,8 +18,6 @@ from faultlens.models.planner import (
     tp_exclusions,
 )
 from faultlens.stream.topology import Topology
-
-from faultlens.config import AdaptationConfig
 
 
 def _compositions(n: int, k: int):

@@ -14,12 +14,12 @@ import random
 
 import numpy as np
 import pytest
+
+from faultlens.config import AdaptationConfig
 from faultlens.datasets import steptime, workload
 from faultlens.models.costmodel import IterationCostModel, JobShape, Layout
 from faultlens.models.planner import AdaptationPlanner
 from faultlens.stream.topology import Topology
-
-from faultlens.config import AdaptationConfig
 
 STEPS = 30
 
