@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import platform
+import re
 import time
+import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from faultlens.errors import FeatureMismatch, ModelError, NotFittedError
+from faultlens.errors import CatalogError, FeatureMismatch, ModelError, NotFittedError
 from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
 from faultlens.models.params import load_params
 from faultlens.models.predictor import _columns
@@ -51,38 +54,110 @@ KIND_ACTION = {  # per-line action vocabulary
     "hung_task": "run_diagnostics", "user_exception": "rollback_code", "nan_loss": "run_diagnostics",
     "hang_stuck_rank": "evict_node", "slow_storage": "notify", "seq_surge": "none", HEALTHY: "none",
 }
-# Faults of the whole job, not of a machine: every machine's window carries the label.
-JOB_WIDE_KINDS = frozenset({"user_exception", "nan_loss", "slow_storage", "seq_surge"})
 MODEL_FILE = "model.ubj"
 SIDECAR_FILE = "model.json"
+LABEL_CATALOG = Path(__file__).resolve().parent / "catalogs" / "labels.toml"
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+_CONDITION = re.compile(r"^\s*(\w+)\s*(>=|<=|>|<)\s*(-?[0-9.]+(?:[eE][-+]?\d+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class LabelRules:
+    """How truth labels windows (models/catalogs/labels.toml): job-wide kinds and evidence conditions."""
+
+    job_wide: dict[str, str]  # kind -> "steps" | "time"
+    evidence: dict[str, tuple[tuple[str, Callable[[float, float], bool], float], ...]]
+
+    def shows(self, kind: str, row: dict[str, float]) -> bool:
+        """Whether a feature row shows the evidence of ``kind`` (True for a kind without conditions)."""
+        conds = self.evidence.get(kind)
+        return not conds or any(op(row[f], v) for f, op, v in conds)
+
+
+def load_label_rules(path: str | Path | None = None) -> LabelRules:
+    """The label catalog; a bad entry names file and entry."""
+    file = Path(path) if path else LABEL_CATALOG
+    try:
+        data = tomllib.loads(file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CatalogError(f"cannot read: {exc}", file=str(file)) from None
+    unknown = set(data) - {"job_wide", "evidence"}
+    if unknown:
+        raise CatalogError("unknown table; known: job_wide, evidence", file=str(file), entry=sorted(unknown)[0])
+    job_wide: dict[str, str] = {}
+    for kind, how in data.get("job_wide", {}).items():
+        if kind not in KIND_ACTION or kind == HEALTHY:
+            raise CatalogError("unknown fault kind", file=str(file), entry=f"job_wide.{kind}")
+        if how not in ("steps", "time"):
+            raise CatalogError(f"expected \"steps\" or \"time\", got {how!r}", file=str(file),
+                               entry=f"job_wide.{kind}")
+        job_wide[kind] = how
+    evidence: dict[str, tuple[tuple[str, Callable[[float, float], bool], float], ...]] = {}
+    for kind, conds in data.get("evidence", {}).items():
+        where = f"evidence.{kind}"
+        if kind not in KIND_ACTION or kind == HEALTHY or kind in job_wide:
+            raise CatalogError("not a machine fault kind", file=str(file), entry=where)
+        if not isinstance(conds, list) or not conds:
+            raise CatalogError("expected a non-empty list of conditions", file=str(file), entry=where)
+        parsed = []
+        for cond in conds:
+            m = _CONDITION.match(str(cond))
+            if m is None:
+                raise CatalogError(f"bad condition {cond!r}; expected \"feature op number\"", file=str(file),
+                                   entry=where)
+            if m.group(1) not in FEATURES:
+                raise CatalogError(f"unknown feature {m.group(1)!r}", file=str(file), entry=where)
+            parsed.append((m.group(1), _OPS[m.group(2)], float(m.group(3))))
+        evidence[kind] = tuple(parsed)
+    return LabelRules(job_wide, evidence)
+
+
+LABEL_RULES = load_label_rules()
+# Faults of the whole job, not of a machine: every machine's window carries the label.
+JOB_WIDE_KINDS = frozenset(LABEL_RULES.job_wide)
 
 
 def window_label(truth: dict[str, Any], node: str, start_ts: float, end_ts: float, *,
-                 linger_s: float = 0.0) -> str:
-    """The class of ``node`` in [start_ts, end_ts) by a truth.json: the fault active there, or healthy.
+                 linger_s: float = 0.0, row: dict[str, float] | None = None,
+                 step_starts: Sequence[float] | None = None, rules: LabelRules | None = None) -> str | None:
+    """The class of ``node`` in [start_ts, end_ts) by a truth.json, or None: the window is left out.
 
     A machine fault labels only the machines it names, from the window its onset
-    falls in (its evidence may be one line); a fault that ended still labels
-    windows up to ``linger_s`` later (the features' event lookback still shows
-    it). A job-wide fault labels every machine, in windows it covers at least
-    half of (its evidence is the step statistics of the window). When two
-    overlap, the one named first in truth.json wins.
+    falls in; a fault that ended still labels windows up to ``linger_s`` later (the
+    features' event lookback still shows it). Given the window's feature ``row``,
+    a kind with evidence conditions (catalogs/labels.toml) labels only windows
+    showing them, and a named machine's window showing them outside the fault
+    is left out too. A job-wide fault labels every machine: by ``step_starts``
+    (when the job's steps that ended in the window started; more than half
+    inside the fault) when its evidence is step statistics, else by time
+    covered. When two overlap, the one named first in truth.json wins.
     """
+    rules = rules or LABEL_RULES
+    evidence_outside = False
     for fault in truth.get("faults", []):
         onset = float(fault.get("onset_ts", math.inf))
         end = fault.get("end_ts")
         kind = fault["kind"]
         named = set(fault.get("nodes") or [])
-        if kind in JOB_WIDE_KINDS:
+        if kind in rules.job_wide:
             stop = end_ts if end is None else min(float(end), end_ts)
-            if stop - max(onset, start_ts) >= 0.5 * (end_ts - start_ts):
+            if rules.job_wide[kind] == "steps" and step_starts:
+                inside = sum(1 for t in step_starts if onset <= t and (end is None or t < float(end)))
+                if 2 * inside > len(step_starts):
+                    return kind
+            elif stop - max(onset, start_ts) >= 0.5 * (end_ts - start_ts):
                 return kind
             continue
-        if onset >= end_ts or (end is not None and float(end) + linger_s <= start_ts):
+        if named and node not in named:
             continue
-        if not named or node in named:
-            return kind
-    return HEALTHY
+        if onset >= end_ts or (end is not None and float(end) + linger_s <= start_ts):
+            evidence_outside = evidence_outside or (row is not None and bool(named) and rules.shows(kind, row)
+                                                  and kind in rules.evidence)
+            continue
+        if row is not None and not rules.shows(kind, row):
+            return None
+        return kind
+    return None if evidence_outside else HEALTHY
 
 
 class FaultClassifier:
@@ -90,10 +165,10 @@ class FaultClassifier:
 
     name = "fault_classifier"
 
-    def __init__(self, *, n_estimators: int = 150, max_depth: int = 5, learning_rate: float = 0.2,
-                 seed: int = 0, features: tuple[str, ...] = FEATURES) -> None:
+    def __init__(self, *, n_estimators: int = 100, max_depth: int = 5, learning_rate: float = 0.2,
+                 seed: int = 0, colsample: float = 0.3, features: tuple[str, ...] = FEATURES) -> None:
         self.params = {"n_estimators": n_estimators, "max_depth": max_depth, "learning_rate": learning_rate,
-                       "seed": seed}
+                       "seed": seed, "colsample": colsample}
         self.features = tuple(features)
         self.classes_: list[str] | None = None
         self.metadata: dict[str, Any] = {}
@@ -122,6 +197,10 @@ class FaultClassifier:
         p = self.params
         booster_params = {"objective": "multi:softprob", "num_class": len(classes), "max_depth": p["max_depth"],
                           "eta": p["learning_rate"], "seed": p["seed"], "nthread": 1, "tree_method": "hist",
+                          # Each split sees a random share of the features: a fault with several
+                          # pieces of evidence (a counter, an Xid, an NCCL line) is then learnt from
+                          # all of them, not only from the one a first split happened to pick.
+                          "colsample_bynode": p.get("colsample", 1.0),
                           "eval_metric": "mlogloss", "verbosity": 0}
         self._booster = xgb.train(booster_params, dtrain, num_boost_round=p["n_estimators"])
         self.classes_ = classes
@@ -140,7 +219,9 @@ class FaultClassifier:
         if self._booster is None:
             raise NotFittedError("fault classifier used before fit (train one with `faultlens train`)")
         xgb = self._xgb()
-        return self._booster.predict(xgb.DMatrix(M, feature_names=list(self.features)))
+        # One thread: a window's rows are too few to repay an OpenMP team (on a shared 2-core host
+        # the team made scoring 128 rows take 24 ms instead of 2).
+        return self._booster.predict(xgb.DMatrix(M, feature_names=list(self.features), nthread=1))
 
     def predict(self, X: Any) -> np.ndarray:
         proba = self.predict_proba(X)

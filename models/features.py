@@ -16,10 +16,20 @@ Groups of features:
   peers (models/peer.py).
 * Kernel and NCCL record counts by kind (models/catalogs/event_features.toml).
 * Step statistics: the machine's worst workload-normalised compute ratio
-  (models/predictor.py), its wait share and step lag, NaN losses; and job-wide
-  context every machine's row carries (job median ratio, input/overhead ratio,
-  effective sequence length ratio, NaN share, share of machines with Python
-  exceptions), because job-wide faults look the same on every machine.
+  (models/predictor.py), its wait share and step lag, the share of its step
+  reports whose loss was lost (NaN/null); and job-wide context every machine's
+  row carries (job median ratio, input/overhead ratio, effective sequence length
+  ratio, NaN share, share of machines with Python exceptions, progress: steps in
+  the window against the job's usual pace), because job-wide faults look the
+  same on every machine.
+
+Counts and magnitudes that grow with the job (steps per window, ranks per
+machine) are given as shares or ratios against the job's own history: a model
+trained on small clusters then reads a large one's rows on the same scale.
+
+v2: ``nan_loss_steps`` (a count) became ``nan_loss_share``, ``job_steps`` (a
+count) became ``job_progress``; kernel lines of container veth interfaces no
+longer count as IB link events (``exclude`` in the event catalog).
 """
 
 from __future__ import annotations
@@ -37,11 +47,11 @@ import numpy as np
 
 from faultlens.errors import CatalogError
 from faultlens.models.peer import _ABS_FLOOR, robust_z
-from faultlens.models.predictor import JobStepPredictor, compute_time
+from faultlens.models.predictor import JobStepPredictor
 from faultlens.stream.schema import GpuSample, KernelEvent, NcclEvent, StepTiming
 from faultlens.stream.topology import Topology
 
-FEATURE_SET_VERSION = 1
+FEATURE_SET_VERSION = 2
 EVENT_CATALOG = Path(__file__).resolve().parent / "catalogs" / "event_features.toml"
 
 NVML_FEATURES = (
@@ -55,9 +65,9 @@ KERNEL_FEATURES = ("gpu_fell_off_bus", "pcie_aer", "ib_link_down", "ib_link_up",
                    "storage_error", "edac", "sxid")
 NCCL_FEATURES = ("nccl_timeout", "nccl_ib_error", "py_exception", "nccl_warn", "timeout_silent_ranks")
 STEP_FEATURES = (
-    "step_ratio_max", "step_ratio_node_median", "wait_share", "step_lag", "nan_loss_steps",
+    "step_ratio_max", "step_ratio_node_median", "wait_share", "step_lag", "nan_loss_share",
     "job_step_ratio", "job_overhead_ratio", "job_len_ratio", "job_nan_share", "job_exception_share",
-    "job_steps",
+    "job_progress",
 )
 FEATURES: tuple[str, ...] = NVML_FEATURES + XID_FEATURES + KERNEL_FEATURES + NCCL_FEATURES + STEP_FEATURES
 # A machine with no data of a group in the window reads as "nothing unusual".
@@ -70,6 +80,7 @@ class _Rule:
     feature: str
     kinds: frozenset[str]
     pattern: re.Pattern[str] | None
+    exclude: re.Pattern[str] | None = None  # raw text that this rule never takes, even of its kinds
 
 
 def load_event_catalog(path: str | Path | None = None) -> tuple[dict[int, str], dict[str, list[_Rule]]]:
@@ -93,13 +104,31 @@ def load_event_catalog(path: str | Path | None = None) -> tuple[dict[int, str], 
                 raise CatalogError(f"unknown feature; known: {', '.join(known)}", file=str(file), entry=where)
             try:
                 pattern = re.compile(entry["pattern"]) if entry.get("pattern") else None
+                exclude = re.compile(entry["exclude"]) if entry.get("exclude") else None
             except re.error as exc:
                 raise CatalogError(f"bad pattern: {exc}", file=str(file), entry=where) from None
-            rules.setdefault(source, []).append(_Rule(entry["feature"], frozenset(entry.get("kinds", [])), pattern))
+            rules.setdefault(source, []).append(
+                _Rule(entry["feature"], frozenset(entry.get("kinds", [])), pattern, exclude))
     return xid, rules
 
 
-_COUNTERS = ("ecc_dbe", "ecc_sbe", "retired_pages", "pcie_replay", "nvlink")
+_DELTA_FEATURES = ("ecc_dbe_delta", "ecc_sbe_delta", "retired_pages_delta", "pcie_replay_delta", "nvlink_errors_delta")
+# NVML clocks-event reasons: thermal (SW 0x20, HW 0x40, HW slowdown 0x8) and power (SW cap 0x4, HW brake 0x80).
+_THERMAL_BITS = 0x20 | 0x40 | 0x8
+_POWER_BITS = 0x4 | 0x80
+
+
+def _median(values: list[float]) -> float:
+    """np.median of a short list of floats, without an array."""
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
+
+
+def _counters(g: Any) -> tuple[float, float, float, float, float]:
+    """The cumulative error counters of one GPU reading, in ``_DELTA_FEATURES`` order."""
+    nvlink = g.nvlink_errors + g.nvlink_crc_errors + g.nvlink_replay_errors + g.nvlink_recovery_errors
+    return (float(g.ecc_dbe), float(g.ecc_sbe), float(g.retired_pages), float(g.pcie_replay), float(nvlink))
 
 
 class WindowFeatures:
@@ -118,11 +147,12 @@ class WindowFeatures:
         self._timeouts: deque[tuple[float, str, int]] = deque()  # (ts, job, rank) of watchdog timeouts
         self._loss_ranks: set[tuple[str, int]] = set()
         self._topologies: dict[str, Topology] = {}
-        self._last_counters: dict[tuple[str, int], np.ndarray] = {}
+        self._last_counters: dict[tuple[str, int], tuple[float, ...]] = {}
         self._gpus_seen: dict[str, int] = {}
         self._predictors: dict[str, JobStepPredictor] = {}
         self._overhead_base: dict[str, list[float]] = defaultdict(list)
         self._len_base: dict[str, list[float]] = defaultdict(list)
+        self._steps_base: dict[str, list[int]] = defaultdict(list)  # steps per window of a job's first windows
         self._seed = seed
 
     def set_topology(self, topology: Topology) -> None:
@@ -134,12 +164,13 @@ class WindowFeatures:
             if rec.xid is not None:
                 return self._xid.get(rec.xid, "xid_other")
         source = "kernel" if isinstance(rec, KernelEvent) else "nccl"
-        for rule in self._rules.get(source, []):
-            if rec.kind in rule.kinds:
-                return rule.feature
         text = rec.raw or rec.message
         for rule in self._rules.get(source, []):
-            if rule.pattern is not None and rule.pattern.search(text):
+            if rec.kind in rule.kinds and not (rule.exclude is not None and rule.exclude.search(text)):
+                return rule.feature
+        for rule in self._rules.get(source, []):
+            if rule.pattern is not None and rule.pattern.search(text) and not (
+                    rule.exclude is not None and rule.exclude.search(text)):
                 return rule.feature
         if isinstance(rec, NcclEvent) and rec.exception:
             return "py_exception"
@@ -207,48 +238,68 @@ class WindowFeatures:
 
     # ---- NVML
     def _gpu(self, recs: list[GpuSample], row: Any) -> None:
+        # One pass in plain Python floats: per GPU its first and last reading (cumulative
+        # counters) and running sums of the gauges; arrays only for the peer comparison.
+        # (A numpy row per GPU per sample cost ~3x the whole window's budget at 1,024 GPUs.)
         recs.sort(key=lambda r: r.ts)
-        per_gpu: dict[tuple[str, int], list[np.ndarray]] = defaultdict(list)
+        acc: dict[str, dict[int, list[Any]]] = {}  # node -> gpu -> [first, last, n, util, power, clock, temp, thermal, power cap]
         flags: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        seen_gpus: dict[str, set[int]] = defaultdict(set)
+        lost: dict[str, set[int]] = defaultdict(set)
         samples: dict[str, int] = defaultdict(int)
         for rec in recs:
-            samples[rec.node] += 1
+            node = rec.node
+            samples[node] += 1
+            gpus = acc.get(node)
+            if gpus is None:
+                gpus = acc[node] = {}
             for g in rec.gpus:
-                key = (rec.node, g.index)
-                seen_gpus[rec.node].add(g.index)
                 if g.lost:
-                    flags[rec.node]["gpu_lost"] = 1.0
+                    flags[node]["gpu_lost"] = 1.0
+                    lost[node].add(g.index)
                     continue
-                nvlink = g.nvlink_errors + g.nvlink_crc_errors + g.nvlink_replay_errors + g.nvlink_recovery_errors
-                counters = np.array([g.ecc_dbe, g.ecc_sbe, g.retired_pages, g.pcie_replay, nvlink], dtype=float)
-                per_gpu[key].append(np.concatenate([counters, [
-                    g.util, g.power_w, g.sm_clock_mhz, g.temp_c,
-                    1.0 if g.throttle_reasons & (0x20 | 0x40 | 0x8) else 0.0,
-                    1.0 if g.throttle_reasons & (0x4 | 0x80) else 0.0]]))
+                tr = g.throttle_reasons
+                a = gpus.get(g.index)
+                if a is None:
+                    gpus[g.index] = [g, g, 1, float(g.util), float(g.power_w), float(g.sm_clock_mhz), float(g.temp_c),
+                                     1.0 if tr & _THERMAL_BITS else 0.0, 1.0 if tr & _POWER_BITS else 0.0]
+                else:
+                    a[1] = g
+                    a[2] += 1
+                    a[3] += g.util
+                    a[4] += g.power_w
+                    a[5] += g.sm_clock_mhz
+                    a[6] += g.temp_c
+                    if tr & _THERMAL_BITS:
+                        a[7] += 1.0
+                    if tr & _POWER_BITS:
+                        a[8] += 1.0
                 if g.remap_pending:
-                    flags[rec.node]["remap_pending"] = 1.0
+                    flags[node]["remap_pending"] = 1.0
                 if g.remap_failure:
-                    flags[rec.node]["remap_failure"] = 1.0
-        means: dict[tuple[str, int], np.ndarray] = {}
-        for key, rows in per_gpu.items():
-            M = np.array(rows)
-            node = key[0]
+                    flags[node]["remap_failure"] = 1.0
+        means: dict[tuple[str, int], list[float]] = {}
+        for node, gpus in acc.items():
+            if not gpus:
+                continue
             r = row(node)
-            prev = self._last_counters.get(key, M[0, :5])
-            delta = np.maximum(M[-1, :5] - prev, 0.0)
-            self._last_counters[key] = M[-1, :5]
-            r["ecc_dbe_total"] = max(r["ecc_dbe_total"], float(M[-1, 0]))  # cumulative: persists
-            r["retired_pages_total"] = max(r["retired_pages_total"], float(M[-1, 2]))
-            for name, d in zip(_COUNTERS, delta, strict=True):
-                fname = "nvlink_errors_delta" if name == "nvlink" else f"{name}_delta"
-                r[fname] += float(d)
-            means[key] = M[:, 5:].mean(axis=0)
+            for index, a in gpus.items():
+                key = (node, index)
+                last = _counters(a[1])
+                prev = self._last_counters.get(key) or _counters(a[0])
+                self._last_counters[key] = last
+                r["ecc_dbe_total"] = max(r["ecc_dbe_total"], last[0])  # cumulative: persists
+                r["retired_pages_total"] = max(r["retired_pages_total"], last[2])
+                for fname, now, before in zip(_DELTA_FEATURES, last, prev, strict=True):
+                    if now > before:
+                        r[fname] += now - before
+                n = a[2]
+                means[key] = [a[3] / n, a[4] / n, a[5] / n, a[6] / n, a[7] / n, a[8] / n]
         for node, fl in flags.items():
             for k, v in fl.items():
                 row(node)[k] = v
-        for node, gpus in seen_gpus.items():
-            self._gpus_seen[node] = max(self._gpus_seen.get(node, 0), len(gpus))
+        for node, gpus in acc.items():
+            seen = len(gpus.keys() | lost[node]) if node in lost else len(gpus)
+            self._gpus_seen[node] = max(self._gpus_seen.get(node, 0), seen)
         for node, n in self._gpus_seen.items():
             if samples.get(node, 0) == 0:
                 row(node)["gpu_missing"] = float(n)  # the machine sent no NVML sample at all
@@ -292,36 +343,42 @@ class WindowFeatures:
             node_wait: dict[str, list[float]] = defaultdict(list)
             node_step: dict[str, int] = {}
             node_nan: dict[str, int] = defaultdict(int)
+            node_recs: dict[str, int] = defaultdict(int)
             overheads, lens, all_ratios = [], [], []
             nan_steps = 0
             exceptions = 0
+            rank_node: dict[int, str] = {}
+            loss_ranks = self._loss_ranks
             for step in sorted(step_ids):
                 recs = steps[(job, step)]
                 res = pred.observe_step(recs)
-                comp = np.array([compute_time(r) for r in recs])
-                dur = float(np.median([r.duration_s for r in recs]))
-                overheads.append(dur - float(comp.max()))
+                dur = float(np.median(res.duration_s))
+                overheads.append(dur - float(res.compute_s.max()))
                 tok = sum((r.tokens or r.sum_len) for r in recs)
                 lens.append(sum(r.sum_len_sq for r in recs) / max(tok, 1))
                 step_nan = False
                 for r in recs:
-                    node_step[r.node] = max(node_step.get(r.node, -1), r.step)
+                    node = r.node
+                    if r.step > node_step.get(node, -1):
+                        node_step[node] = r.step
+                    node_recs[node] += 1
                     if r.duration_s > 0:
-                        node_wait[r.node].append((r.comm_s or 0.0) / r.duration_s)
+                        node_wait[node].append((r.comm_s or 0.0) / r.duration_s)
                     # JSON has no NaN: a rank that used to report its loss and now sends null
                     # (or a non-finite number) has lost it.
                     if r.loss is not None and math.isfinite(r.loss):
-                        self._loss_ranks.add((job, r.rank))
-                    elif r.loss is not None or (job, r.rank) in self._loss_ranks:
-                        node_nan[r.node] += 1
+                        loss_ranks.add((job, r.rank))
+                    elif r.loss is not None or (job, r.rank) in loss_ranks:
+                        node_nan[node] += 1
                         step_nan = True
                 nan_steps += step_nan
                 if res.ready:
-                    for rank, node, ratio in zip(res.ranks, res.nodes, res.ratio, strict=True):
+                    for rank, node, ratio in zip(res.ranks.tolist(), res.nodes, res.ratio.tolist(), strict=True):
                         if math.isfinite(ratio):
-                            rank_ratios[int(rank)].append(float(ratio))
-                            node_ratios[node].append(float(ratio))
-                            all_ratios.append(float(ratio))
+                            rank_ratios[rank].append(ratio)
+                            node_ratios[node].append(ratio)
+                            all_ratios.append(ratio)
+                            rank_node[rank] = node
             ob, lb = self._overhead_base[job], self._len_base[job]
             if len(ob) < 20:
                 ob.extend(overheads[: 20 - len(ob)])
@@ -331,6 +388,12 @@ class WindowFeatures:
             job_ratio = float(np.median(all_ratios)) if all_ratios else 1.0
             over_ratio = (float(np.median(overheads)) + 0.05) / (base_over + 0.05) if overheads else 1.0
             len_ratio = float(np.median(lens)) / base_len if lens and base_len > 0 else 1.0
+            # Progress against the job's own pace (steps per window differ by orders of magnitude
+            # between jobs and cluster sizes; a stall or a slowdown is a share of the usual).
+            sb = self._steps_base[job]
+            progress = (len(step_ids) / float(np.median(sb)) if sb else float(bool(step_ids)))
+            if step_ids and len(sb) < 10:
+                sb.append(len(step_ids))
             topo = self._topologies.get(job)
             job_nodes = set(topo.nodes) if topo else set(node_step)
             for node in job_nodes:
@@ -339,20 +402,22 @@ class WindowFeatures:
                 if rows[node]["py_exception"] > 0:
                     exceptions += 1
             max_step = max(step_ids, default=0)
+            worst_rank: dict[str, float] = {}  # node -> its worst rank's median ratio
+            for rank, v in rank_ratios.items():
+                m = _median(v)
+                node = rank_node[rank]
+                if m > worst_rank.get(node, -math.inf):
+                    worst_rank[node] = m
             for node in job_nodes:
                 r = rows[node]
-                rank_med = [float(np.median(v)) for rk, v in rank_ratios.items() if topo is None or
-                            (rk in topo.placement and topo.node_of(rk) == node)]
-                if not rank_med and topo is None:
-                    rank_med = node_ratios.get(node, [])
-                r["step_ratio_max"] = max(rank_med) if rank_med else 1.0
+                r["step_ratio_max"] = worst_rank.get(node, 1.0)
                 r["step_ratio_node_median"] = float(np.median(node_ratios[node])) if node_ratios.get(node) else 1.0
                 r["wait_share"] = float(np.median(node_wait[node])) if node_wait.get(node) else 0.0
                 r["step_lag"] = float(max_step - node_step.get(node, min(step_ids, default=1) - 1))
-                r["nan_loss_steps"] = float(node_nan.get(node, 0))
+                r["nan_loss_share"] = node_nan.get(node, 0) / node_recs[node] if node_recs.get(node) else 0.0
                 r["job_step_ratio"] = job_ratio
                 r["job_overhead_ratio"] = over_ratio
                 r["job_len_ratio"] = len_ratio
                 r["job_nan_share"] = nan_steps / max(len(step_ids), 1)
                 r["job_exception_share"] = exceptions / max(len(job_nodes), 1)
-                r["job_steps"] = float(len(step_ids))
+                r["job_progress"] = progress

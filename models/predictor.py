@@ -23,8 +23,10 @@ Two layers:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,9 @@ from faultlens.stream.topology import Topology
 PREDICTOR_VERSION = 1
 # Workload columns, in design-matrix order (an intercept is added).
 WORKLOAD_FEATURES = ("tokens", "sum_len_sq", "n_seqs")
+
+
+_rank = attrgetter("rank")
 
 
 def compute_time(rec: StepTiming) -> float:
@@ -245,14 +250,25 @@ class JobStepPredictor:
         return m
 
     def observe_step(self, records: Iterable[StepTiming]) -> StepResiduals:
-        recs = sorted(records, key=lambda r: r.rank)
+        recs = sorted(records, key=_rank)
         n = len(recs)
-        ranks = np.fromiter((r.rank for r in recs), dtype=np.int64, count=n)
-        W = np.array([workload_row(r) for r in recs], dtype=float).reshape(n, 3)
-        comp = np.fromiter((compute_time(r) for r in recs), dtype=float, count=n)
-        comm = np.fromiter((np.nan if r.comm_s is None else r.comm_s for r in recs), dtype=float, count=n)
-        dur = np.fromiter((r.duration_s for r in recs), dtype=float, count=n)
-        stages = np.fromiter((self._stage(r) for r in recs), dtype=np.int64, count=n)
+        # One pass over the records into plain lists, then one array each (a 1,024-rank
+        # step is scored in every window of every job: six generator passes cost twice this).
+        rank_l, work_l, comp_l, comm_l, dur_l, stage_l = [], [], [], [], [], []
+        nan = math.nan
+        for r in recs:
+            rank_l.append(r.rank)
+            work_l.append(workload_row(r))
+            comp_l.append(compute_time(r))
+            comm_l.append(nan if r.comm_s is None else r.comm_s)
+            dur_l.append(r.duration_s)
+            stage_l.append(r.pp if r.pp is not None else self._stage(r))
+        ranks = np.array(rank_l, dtype=np.int64)
+        W = np.array(work_l, dtype=float).reshape(n, 3)
+        comp = np.array(comp_l, dtype=float)
+        comm = np.array(comm_l, dtype=float)
+        dur = np.array(dur_l, dtype=float)
+        stages = np.array(stage_l, dtype=np.int64)
         pred = np.full(n, np.nan)
         for stage in np.unique(stages):
             m = self._model(int(stage))
@@ -266,9 +282,9 @@ class JobStepPredictor:
                             compute_s=comp, comm_s=comm, duration_s=dur, predicted_s=pred)
         if np.isfinite(ratio).any():
             per_node: dict[str, float] = {}
-            for node, r in zip(nodes, ratio, strict=True):
-                if np.isfinite(r) and r > per_node.get(node, -np.inf):
-                    per_node[node] = float(r)
+            for node, r in zip(nodes, ratio.tolist(), strict=True):
+                if math.isfinite(r) and r > per_node.get(node, -math.inf):
+                    per_node[node] = r
             res.per_node = per_node
         self._learn(recs, W, comp, stages)
         return res

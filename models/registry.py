@@ -60,7 +60,7 @@ _SIGNATURES: dict[str, dict[str, float]] = {
     "thermal_throttle": {"throttle_thermal_share": 0.8, "temp_max_c": 18.0, "clock_min_ratio": -0.3,
                          "step_ratio_max": 0.2},
     "ib_link_persistent": {"ib_link_down": 3.0, "nccl_ib_error": 4.0},
-    "user_exception": {"py_exception": 2.0, "job_exception_share": 1.0, "job_steps": -5.0},
+    "user_exception": {"py_exception": 2.0, "job_exception_share": 1.0, "job_progress": -0.9},
 }
 
 
@@ -70,10 +70,9 @@ def _classifier_example(seed: int, n: int) -> Example:
     y = np.array([kinds[i] for i in rng.integers(0, len(kinds), n)])
     X = {f: np.abs(rng.normal(0.0, 0.05, n)) for f in FEATURES}
     for f in ("clock_min_ratio", "power_min_ratio", "step_ratio_max", "step_ratio_node_median", "job_step_ratio",
-              "job_overhead_ratio", "job_len_ratio"):
+              "job_overhead_ratio", "job_len_ratio", "job_progress"):
         X[f] = 1.0 + rng.normal(0.0, 0.02, n)
     X["temp_max_c"] = 65.0 + rng.normal(0.0, 2.0, n)
-    X["job_steps"] = 10.0 + rng.normal(0.0, 1.0, n)
     for kind, shift in _SIGNATURES.items():
         sel = y == kind
         for f, d in shift.items():

@@ -13,6 +13,7 @@ from faultlens.models.classifier import (
     SHIPPED,
     ClassifierDetector,
     FaultClassifier,
+    load_label_rules,
     load_shipped,
     window_label,
 )
@@ -53,7 +54,18 @@ def test_event_counts_and_job_context() -> None:
     assert rows[culprit]["xid_ecc"] == 1.0 and rows[culprit]["ecc_dbe_delta"] == 1.0
     ue = scengen.scenario("user_exception", nodes=4, seed=5, duration_s=900)
     rows = _rows_at(ue, ue.truth["faults"][0]["onset_ts"] + 200)  # the job is dead; the tracebacks are recent
-    assert all(r["job_exception_share"] == 1.0 and r["job_steps"] == 0.0 for r in rows.values())
+    assert all(r["job_exception_share"] == 1.0 and r["job_progress"] == 0.0 for r in rows.values())
+
+
+def test_nan_losses_and_progress_are_shares_not_counts() -> None:
+    """Scale-free step features: a 2-node and a 12-node job read the same when both lost their loss."""
+    for nodes in (2, 12):
+        sc = scengen.scenario("nan_loss", nodes=nodes, seed=6, duration_s=900)
+        rows = _rows_at(sc, sc.truth["faults"][0]["onset_ts"] + 120)
+        assert all(r["nan_loss_share"] == 1.0 and r["job_nan_share"] == 1.0 for r in rows.values())
+        assert all(0.8 < r["job_progress"] < 1.25 for r in rows.values())  # still training at its usual pace
+        before = _rows_at(sc, sc.truth["faults"][0]["onset_ts"] - 120)
+        assert all(r["nan_loss_share"] == 0.0 for r in before.values())
 
 
 def test_event_features_follow_kinds_then_patterns() -> None:
@@ -65,6 +77,10 @@ def test_event_features_follow_kinds_then_patterns() -> None:
     line = "[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: ..."
     assert wf.event_feature(NcclEvent(ts=1.0, node="n1", kind="other", raw=line)) == "nccl_timeout"
     assert wf.event_feature(NcclEvent(ts=1.0, node="n1", kind="nccl_info", raw="n1:1:1 [0] NCCL INFO ok")) is None
+    flap = "mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link DOWN"
+    assert wf.event_feature(KernelEvent(ts=1.0, node="n1", kind="ib_link_down", raw=flap)) == "ib_link_down"
+    veth = "IPv6: ADDRCONF(NETDEV_CHANGE): vethb605c9: link becomes ready"  # a container came up: no fabric event
+    assert wf.event_feature(KernelEvent(ts=1.0, node="n1", kind="ib_link_up", raw=veth)) is None
 
 
 def test_a_bad_event_catalog_entry_names_file_and_entry(tmp_path: Path) -> None:
@@ -84,6 +100,38 @@ def test_window_labels_follow_truth() -> None:
     assert window_label(truth, "n1", 450, 510) == "healthy"  # covers a sixth of the window
     assert window_label(truth, "n1", 480, 540) == "seq_surge"  # two thirds
     assert window_label(truth, "n1", 600, 660, linger_s=900) == "healthy"  # job-wide: no lingering
+
+
+def test_labels_need_the_faults_evidence_in_the_window() -> None:
+    """catalogs/labels.toml: a hung task is named from its kernel record on, not from the stall."""
+    truth = {"faults": [{"kind": "hung_task", "nodes": ["n2"], "onset_ts": 100.0, "end_ts": None}]}
+    quiet = dict.fromkeys(FEATURES, 0.0)
+    seen = quiet | {"hung_task": 1.0}
+    assert window_label(truth, "n2", 60, 120, row=quiet) is None  # stalled, no record yet: left out
+    assert window_label(truth, "n2", 180, 240, row=seen) == "hung_task"
+    assert window_label(truth, "n2", 0, 60, row=seen) is None  # evidence before truth's onset: left out
+    assert window_label(truth, "n2", 0, 60, row=quiet) == "healthy"
+    assert window_label(truth, "n1", 180, 240, row=quiet) == "healthy"
+    assert window_label(truth, "n2", 60, 120) == "hung_task"  # without a row: truth's onset alone (strict)
+
+
+def test_step_wide_faults_label_by_the_steps_that_started_inside() -> None:
+    """A window's median over steps says seq_surge only when most of its steps started in the surge."""
+    truth = {"faults": [{"kind": "seq_surge", "nodes": [], "onset_ts": 500.0, "end_ts": 800.0}]}
+    assert window_label(truth, "n1", 480, 540, step_starts=[478, 486, 494, 502, 514]) == "healthy"
+    assert window_label(truth, "n1", 480, 540, step_starts=[490, 503, 516, 529]) == "seq_surge"
+    assert window_label(truth, "n1", 480, 540, step_starts=[490, 496, 503, 516]) == "healthy"  # a tie is no majority
+    assert window_label(truth, "n1", 480, 540, step_starts=[]) == "seq_surge"  # no steps: time covered
+
+
+def test_a_bad_label_catalog_entry_names_file_and_entry(tmp_path: Path) -> None:
+    bad = tmp_path / "labels.toml"
+    bad.write_text('[evidence]\nhung_task = ["warp_factor > 9"]\n')
+    with pytest.raises(CatalogError, match=r"labels\.toml.*evidence\.hung_task.*warp_factor"):
+        load_label_rules(bad)
+    bad.write_text('[job_wide]\nnan_loss = "vibes"\n')
+    with pytest.raises(CatalogError, match=r"job_wide\.nan_loss"):
+        load_label_rules(bad)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +178,8 @@ def test_the_shipped_model_loads_and_scores() -> None:
     assert (SHIPPED / "MODEL_CARD.md").is_file()
     model = load_shipped()
     assert model.classes_ and "healthy" in model.classes_
-    rows = {f"n{i:03d}": dict.fromkeys(FEATURES, 0.0) | {"step_ratio_max": 1.0, "job_steps": 20.0} for i in range(128)}
+    rows = {f"n{i:03d}": dict.fromkeys(FEATURES, 0.0) | {"step_ratio_max": 1.0, "job_progress": 1.0}
+            for i in range(128)}
     scores = model.score_rows(rows)
     assert len(scores) == 128 and all(0.0 <= p <= 1.0 for _, p in scores.values())
     assert np.isfinite([p for _, p in scores.values()]).all()

@@ -49,3 +49,16 @@ def test_robust_z_has_a_floor_for_identical_peers() -> None:
 
     z = robust_z(np.array([60.0] * 7 + [61.0]), rel_floor=0.02, abs_floor=2.0)
     assert abs(z[-1]) < 1.0  # one degree is not an outlier just because peers agree exactly
+
+
+def test_a_machine_whose_gpus_are_all_lost_is_left_out_of_the_comparison() -> None:
+    import dataclasses
+
+    samples = []
+    for s in stepgen.gpu_samples(seconds=400, seed=2, t0=T0):
+        if s.node == "n003" and s.ts >= T0 + 100:
+            s = dataclasses.replace(s, gpus=[dataclasses.replace(g, lost=True) for g in s.gpus])
+        samples.append(s)
+    det = PeerDetector()
+    assert _run(det, samples) == []
+    assert "n003" not in det.last_scores["j1"] and len(det.last_scores["j1"]) == 7
