@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import Any
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import SchemaError
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
@@ -31,8 +33,12 @@ class DiagnosisService:
 
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
-                 from_beginning: bool = False, unknown_hold_s: float = 3.0):
+                 from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None):
         self.config = config
+        self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
+        self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
+        # The webhook posts from a thread of its own: a slow receiver never delays an action.
+        self._webhook_queue: queue.Queue[Any] = queue.Queue(maxsize=1000)
         self.bootstrap = bootstrap
         self.engine = DiagnosisEngine(config, detectors=detectors, node_health=node_health, batch=False)
         self.tick_interval_s = tick_interval_s
@@ -44,7 +50,40 @@ class DiagnosisService:
         self.produced = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._categories_seen: set[str] = set()
         self.ready = threading.Event()
+
+    def _observe_output(self, out: Any) -> None:
+        """Metrics (incidents open, actions by type) and the Alertmanager webhook."""
+        kind = type(out).KIND
+        if self.metrics is not None:
+            self.metrics.messages_produced.labels(topic=kind).inc()
+            if kind == "actions":
+                self.metrics.actions.labels(type=out.type, status="emitted").inc()
+            elif kind == "incidents":
+                open_by_category: dict[str, int] = collections.Counter(
+                    i.category for i in self.engine.book.open_incidents())
+                for category in set(open_by_category) | self._categories_seen:
+                    self.metrics.incidents_open.labels(category=category).set(open_by_category.get(category, 0))
+                self._categories_seen |= set(open_by_category)
+        if kind == "incidents" and self._webhook is not None:
+            try:
+                self._webhook_queue.put_nowait(out)
+            except queue.Full:
+                if self.metrics is not None:
+                    self.metrics.webhook_failures.inc()
+
+    def _webhook_loop(self) -> None:
+        while not self._stop.is_set() or not self._webhook_queue.empty():
+            try:
+                incident = self._webhook_queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            delivery = self._webhook.send([incident])
+            if not delivery.ok:
+                log.warning("incident webhook failed after %d attempt(s): %s", delivery.attempts, delivery.error)
+                if self.metrics is not None:
+                    self.metrics.webhook_failures.inc()
 
     def _hold(self, record: Any) -> bool:
         """Hold a node's records briefly while its job is unknown (the topology may be a
@@ -90,6 +129,8 @@ class DiagnosisService:
                             bootstrap=self.bootstrap, from_beginning=self.from_beginning,
                             fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
         producer = Producer(self.config.bus, self.bootstrap, linger_ms=0)
+        if self._webhook is not None:
+            threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
         started = time.monotonic()
         last_tick = 0.0
         try:
@@ -117,6 +158,10 @@ class DiagnosisService:
                 for out in outputs:
                     producer.send(out)
                     self.produced += 1
+                    self._observe_output(out)
+                if self.metrics is not None and msgs:
+                    for m in msgs:
+                        self.metrics.messages_consumed.labels(topic=m.topic).inc()
                 if outputs:
                     producer.flush(5.0)
                 if msgs:

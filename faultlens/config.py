@@ -55,6 +55,8 @@ class LakeConfig:
     flush_interval_s: float = 5.0
     flush_rows: int = 200_000
     group_id: str = "faultlens-stream"
+    metrics_port: int = 0  # 0: no /metrics endpoint
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class DiagnosisConfig:
     stack_round_interval_s: float = 10.0
     hang_no_progress_s: float = 600.0
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off
     webhook_token: str = ""  # sent as "Authorization: Bearer <token>"; secret
     webhook_timeout_s: float = 5.0

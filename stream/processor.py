@@ -253,23 +253,18 @@ class ProcessorStats:
         self.assigned_at: float | None = None  # monotonic time of the first partition assignment
         self.last_commit_at: float | None = None
         self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
+        # Prometheus: the shared families of faultlens.metrics.ServiceMetrics (the names the
+        # shipped alert rules use), registered on the given registry.
         self._prom = None
         if registry is not None:
-            from prometheus_client import Counter as PCounter
-            from prometheus_client import Gauge
+            from faultlens.metrics import ServiceMetrics
 
-            self._prom = {
-                "messages": PCounter("faultlens_stream_messages", "messages consumed", ["kind"], registry=registry),
-                "rows": PCounter("faultlens_stream_rows", "rows committed to the lake", ["table"], registry=registry),
-                "dead": PCounter("faultlens_stream_dead_letters", "undecodable messages", ["reason"], registry=registry),
-                "commits": PCounter("faultlens_stream_commits", "lake commits", registry=registry),
-                "lag": Gauge("faultlens_stream_consumer_lag", "messages behind the log end", ["topic", "partition"], registry=registry),
-            }
+            self._prom = registry if isinstance(registry, ServiceMetrics) else ServiceMetrics("stream", registry)
 
     def consumed(self, kind: str, n: int) -> None:
         self.messages[kind] += n
         if self._prom:
-            self._prom["messages"].labels(kind).inc(n)
+            self._prom.messages_consumed.labels(topic=kind).inc(n)
 
     def committed(self, rows: dict[str, int], dead: Counter[str]) -> None:
         self.commits += 1
@@ -277,17 +272,16 @@ class ProcessorStats:
         self.rows.update(rows)
         self.dead_letters.update(dead)
         if self._prom:
-            self._prom["commits"].inc()
             for t, n in rows.items():
-                self._prom["rows"].labels(t).inc(n)
+                self._prom.rows_written.labels(table=t).inc(n)
             for r, n in dead.items():
-                self._prom["dead"].labels(r).inc(n)
+                self._prom.dead_letters.labels(topic="*", reason=r).inc(n)
 
     def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
         self.lag = lag
         if self._prom:
             for (t, p), n in lag.items():
-                self._prom["lag"].labels(t, str(p)).set(n)
+                self._prom.consumer_lag.labels(topic=t, partition=str(p)).set(n)
 
     @property
     def total_lag(self) -> int:

@@ -7,7 +7,11 @@ asserts that exactly the expected actions reach the actions topic and the lake.
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -30,15 +34,47 @@ SEQUENCE = [
 ]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """An Alertmanager-webhook receiver that keeps what it was sent."""
+
+    posts: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        _Receiver.posts.append(orjson.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
 @pytest.mark.slow
 def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> None:
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    stream_port, diag_port = _free_port(), _free_port()
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap)
         ensure_topics(bus)
         # A 4-node job: let a hang's over-eviction take half of it (the default 25% blast
         # radius would rightly turn the 2-machine group into a notify).
         sup = Supervisor(tmp_path, {**service_env(tmp_path, broker.bootstrap),
-                                    "FAULTLENS_GUARD_MAX_EVICTED_FRACTION": "0.5"})
+                                    "FAULTLENS_GUARD_MAX_EVICTED_FRACTION": "0.5",
+                                    "FAULTLENS_LAKE_METRICS_PORT": str(stream_port),
+                                    "FAULTLENS_DIAGNOSIS_METRICS_PORT": str(diag_port),
+                                    "FAULTLENS_DIAGNOSIS_WEBHOOK_URL":
+                                        f"http://127.0.0.1:{receiver.server_address[1]}/alerts"})
         consumer = Consumer(bus, ["actions", "action-status"], group_id=None)
         actions: dict[str, dict] = {}
         statuses: dict[str, str] = {}
@@ -62,6 +98,7 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
                     quiet_until = quiet_until or time.monotonic() + 10
                     if time.monotonic() > quiet_until and set(statuses) >= set(actions):
                         break
+            stream_metrics, diag_metrics = _scrape(stream_port), _scrape(diag_port)
         finally:
             consumer.close()
             sup.stop()
@@ -87,6 +124,13 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
         (job, typ, tuple(orjson.loads(nodes))) for job, typ, nodes in con.execute("select job, type, nodes from actions").fetchall()
     )
     assert lake_actions == sorted([*want, (hang_job, "evict_nodes", tuple(hang[0]["nodes"]))])
+    # Operations: /metrics on the processor and diagnosis, incidents on the webhook.
+    assert 'faultlens_lake_rows_written_total{table="gpu"}' in stream_metrics
+    assert 'faultlens_actions_total{status="emitted",type="rollback_code"} 1.0' in diag_metrics
+    assert "faultlens_incidents_open{" in diag_metrics
+    receiver.shutdown()
+    alerts = [a for post in _Receiver.posts for a in post["alerts"]]
+    assert any(a["labels"].get("node") == "n004" for a in alerts), alerts[:3]
     n_incidents = con.execute("select count(distinct id) from incidents").fetchone()[0]
     assert n_incidents >= 2
     assert con.execute("select count(*) from gpu").fetchone()[0] > 0

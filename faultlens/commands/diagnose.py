@@ -53,14 +53,26 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from faultlens.stream.broker import EmbeddedBroker
 
     health = NodeHealth(args.node_health or config.diagnosis.catalog_path)
-    if config.bus.bootstrap_servers:
-        DiagnosisService(config, detectors=detectors, node_health=health).serve(max_seconds=args.max_seconds)
+    metrics = server = None
+    if config.diagnosis.metrics_port:
+        from faultlens.metrics import MetricsServer, ServiceMetrics
+
+        metrics = ServiceMetrics("diagnosis")
+        server = MetricsServer(metrics.registry, config.diagnosis.metrics_port, host=config.diagnosis.metrics_host)
+        print(f"metrics on http://{config.diagnosis.metrics_host}:{server.start()}/metrics")
+    try:
+        if config.bus.bootstrap_servers:
+            DiagnosisService(config, detectors=detectors, node_health=health,
+                             metrics=metrics).serve(max_seconds=args.max_seconds)
+            return 0
+        with EmbeddedBroker() as broker:
+            print(f"no bootstrap servers configured: embedded broker at {broker.bootstrap}")
+            DiagnosisService(config, bootstrap=broker.bootstrap, detectors=detectors, node_health=health,
+                             metrics=metrics).serve(max_seconds=args.max_seconds)
         return 0
-    with EmbeddedBroker() as broker:
-        print(f"no bootstrap servers configured: embedded broker at {broker.bootstrap}")
-        DiagnosisService(config, bootstrap=broker.bootstrap, detectors=detectors,
-                         node_health=health).serve(max_seconds=args.max_seconds)
-    return 0
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def read_dir(path: Path, progress: Any = None) -> tuple[Any, list[Any]]:

@@ -52,8 +52,16 @@ def run(args: argparse.Namespace, config: Config) -> int:
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
         print(f"no bootstrap servers configured: started an embedded broker at {bootstrap} (memory only)", file=sys.stderr)
+    metrics = server = None
+    if config.lake.metrics_port:
+        from faultlens.metrics import MetricsServer, ServiceMetrics
+
+        metrics = ServiceMetrics("stream")
+        server = MetricsServer(metrics.registry, config.lake.metrics_port, host=config.lake.metrics_host)
+        print(f"metrics on http://{config.lake.metrics_host}:{server.start()}/metrics", file=sys.stderr)
     proc = StreamProcessor(
         config,
+        registry=metrics,
         bootstrap=bootstrap,
         lake_path=lake_path,
         catalog_path=catalog_path,
@@ -73,6 +81,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     except KeyboardInterrupt:
         stats = proc.stats
     finally:
+        if server is not None:
+            server.stop()
         if broker is not None:
             broker.stop()
     snap = stats.snapshot() if isinstance(stats, ProcessorStats) else {}
