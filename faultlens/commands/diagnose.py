@@ -71,6 +71,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                              metrics=metrics).serve(max_seconds=args.max_seconds)
         return 0
     finally:
+        health.close()
         if server is not None:
             server.stop()
 
