@@ -18,3 +18,15 @@ def test_every_kind_has_a_decodable_example() -> None:
         record = schema.decode(kind, body.encode())
         assert orjson.loads(body)["v"] == schema.SCHEMA_VERSION
         assert type(record).KIND == kind
+
+
+def test_the_readme_configuration_example_loads(tmp_path) -> None:
+    from faultlens.config import load_config
+
+    text = (REPO / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    path = tmp_path / "faultlens.toml"
+    path.write_text(block)
+    cfg = load_config(path, env={})
+    assert cfg.bus.security_protocol == "SASL_SSL" and cfg.runner.adapter == "slurm"
+    assert "..." not in str(cfg.describe())  # the password is masked
