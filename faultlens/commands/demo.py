@@ -115,6 +115,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = None
     try:
+        (workdir / "lake").mkdir(exist_ok=True)  # the explorer starts before the first commit
         if not args.no_ui:
             port = args.port or _free_port(config.ui.port)
             sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
