@@ -86,17 +86,60 @@ def _gpu_struct_defaults() -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(schema.GpuState) if f.default is not dataclasses.MISSING}
 
 
-_GPU_WIRE = schema.gpu_message_schema()
 _GPU_LAKE = schema.lake_schema("gpu")
 _GPU_DEFAULTS = _gpu_struct_defaults()
-_JSON_PARSE = pajson.ParseOptions(explicit_schema=_GPU_WIRE, unexpected_field_behavior="ignore")
+# The reader infers types rather than taking the wire schema: with an explicit
+# schema, every absent (sparse) counter costs as much as a parsed one, and the
+# sparse wire (schema.GPU_SPARSE_FIELDS) leaves most of them out. Inferred types
+# are then checked against the lake's, never coerced across kinds (a string
+# where a number belongs sends the batch to the per-message path).
+_JSON_PARSE = pajson.ParseOptions(unexpected_field_behavior="infer")
 # One decode worker per core parses single-threaded: no oversubscription of the
 # Arrow thread pool, and batches (one poll of one partition) are a few MB.
 _JSON_READ = pajson.ReadOptions(block_size=4 << 20, use_threads=False)
 _READABLE = pa.array(sorted(schema.READABLE_VERSIONS), pa.int64())
-_GPU_TEXT = tuple(f.name for f in _GPU_LAKE if pa.types.is_string(f.type))
-_GPU_FLOATS = tuple(f.name for f in _GPU_LAKE if pa.types.is_floating(f.type))
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+
+
+def _conform(col: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray | None:
+    """An inferred JSON column as the lake type, or None where ``schema.decode`` might disagree.
+
+    Accepted as ``_coerce`` accepts them: an integer where a float belongs, an
+    integral float where an integer belongs (a safe cast refuses 1.5), strings
+    (checked for UTF-8, which Arrow's reader does not), bools, and columns of
+    nulls only (absent keys; explicit nulls are caught by the caller).
+    """
+    t = col.type
+    if pa.types.is_null(t):
+        return pa.nulls(len(col), target)
+    if t == target:
+        if pa.types.is_string(t):
+            try:
+                col.validate(full=True)
+            except pa.ArrowInvalid:
+                return None
+        elif pa.types.is_floating(t) and not pc.all(pc.is_finite(col)).as_py() and len(col) != col.null_count:
+            return None  # NaN/Infinity are not JSON; Arrow's reader lets them through
+        return col
+    if pa.types.is_floating(target) and pa.types.is_integer(t):
+        return col.cast(target)
+    if pa.types.is_integer(target) and pa.types.is_floating(t):
+        try:
+            return col.cast(target)  # safe: 2.0 -> 2, 2.5 raises
+        except _ARROW_ERRORS:
+            return None
+    return None
+
+
+_CONSTANTS: dict[str, pa.Array] = {}
+
+
+def _constant(name: str, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of a GPU field's default: a zero-copy slice of a cached array."""
+    cached = _CONSTANTS.get(name)
+    if cached is None or len(cached) < n:
+        cached = _CONSTANTS[name] = pa.array([_GPU_DEFAULTS[name]] * max(n, 1 << 16), type_)
+    return cached.slice(0, n)
 
 
 def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
@@ -105,54 +148,72 @@ def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
     The caller then decodes one by one to find and dead-letter the bad ones.
     Whatever the batch path accepts, ``schema.decode`` accepts too (and gives
     the same rows): anything Arrow's reader is more lenient about (NaN,
-    invalid UTF-8, an explicit ``null`` where the record has no None) sends
-    the batch to the per-message path.
+    invalid UTF-8, an explicit ``null`` where the record has no None, a type
+    it would convert) sends the batch to the per-message path.
     """
     if not values:
         return _GPU_LAKE.empty_table()
     buf = b"\n".join(values)
     try:
         wire = pajson.read_json(pa.BufferReader(buf), read_options=_JSON_READ, parse_options=_JSON_PARSE)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+    except _ARROW_ERRORS:
         return None
     if wire.num_rows != len(values):  # a message with a raw newline, or an empty one
         return None
-    v, ts, node = wire.column("v"), wire.column("ts"), wire.column("node")
+    names = set(wire.column_names)
+    if not {"v", "ts", "node"} <= names:
+        return None
+    v, ts, node = wire.column("v"), _conform(wire.column("ts"), pa.float64()), _conform(wire.column("node"), pa.string())
+    if ts is None or node is None or not pa.types.is_integer(v.type):
+        return None
     if v.null_count or ts.null_count or node.null_count or not pc.all(pc.is_in(v, value_set=_READABLE)).as_py():
         return None
-    gpus = wire.column("gpus").combine_chunks()
-    flat = pc.list_flatten(gpus)
-    if flat.null_count or flat.field("index").null_count:
+    job = _conform(wire.column("job"), pa.string()) if "job" in names else pa.nulls(wire.num_rows, pa.string())
+    if job is None:
         return None
-    nulls = gpus.null_count or any(flat.field(i).null_count for i in range(flat.type.num_fields))
+    if "gpus" not in names:
+        return _GPU_LAKE.empty_table()
     # Arrow cannot tell a missing key (take the default) from an explicit null (a
-    # dead letter): only when the text has no null at all are the nulls missing keys.
-    if nulls and b"null" in buf:
+    # dead letter). Only when every "null" in the text is a job's (a job may be
+    # null) are the nulls below missing keys; any other "null", even one inside a
+    # string, sends the batch to the per-message path.
+    explicit_nulls = b"null" in buf and buf.count(b"null") != buf.count(b'"job":null')
+    gpus = wire.column("gpus").combine_chunks()
+    if pa.types.is_list(gpus.type) and pa.types.is_null(gpus.type.value_type):  # every "gpus" empty
+        empty = len(pc.list_flatten(gpus)) == 0 and not (gpus.null_count and explicit_nulls)
+        return _GPU_LAKE.empty_table() if empty else None
+    if not (pa.types.is_list(gpus.type) and pa.types.is_struct(gpus.type.value_type)):
         return None
     if gpus.null_count:
+        if explicit_nulls:
+            return None  # "gpus": null is a dead letter; an absent "gpus" is no GPUs
         gpus = pc.fill_null(gpus, pa.scalar([], gpus.type))
-        flat = pc.list_flatten(gpus)
-    parents = pc.list_parent_indices(gpus)
-    cols: dict[str, Any] = {
-        "ts": pc.take(ts, parents),
-        "node": pc.take(node, parents),
-        "job": pc.take(wire.column("job"), parents),
-    }
-    for i, f in enumerate(flat.type):
-        col = flat.field(i)
-        name = "gpu" if f.name == "index" else f.name
-        if col.null_count and f.name in _GPU_DEFAULTS:
-            col = pc.fill_null(col, pa.scalar(_GPU_DEFAULTS[f.name], col.type))
-        cols[name] = col
-    try:
-        for name in _GPU_TEXT:  # Arrow's JSON reader does not check UTF-8
-            cols[name].validate(full=True)
-    except pa.ArrowInvalid:
+    flat = pc.list_flatten(gpus)
+    if flat.null_count:
         return None
-    for name in _GPU_FLOATS:  # nor refuse NaN/Infinity, which are not JSON
-        if not pc.all(pc.is_finite(cols[name])).as_py():
+    wire_fields = {flat.type.field(i).name: i for i in range(flat.type.num_fields)}
+    if "index" not in wire_fields:
+        return None
+    parents = pc.list_parent_indices(gpus)
+    cols: dict[str, Any] = {"ts": pc.take(ts, parents), "node": pc.take(node, parents), "job": pc.take(job, parents)}
+    n = len(flat)
+    for f in _GPU_LAKE:
+        if f.name in cols:
+            continue
+        wire_name = "index" if f.name == "gpu" else f.name
+        i = wire_fields.get(wire_name)
+        if i is None:  # absent from every message (a sparse counter at zero): its default
+            cols[f.name] = _constant(wire_name, f.type, n)
+            continue
+        col = _conform(flat.field(i), f.type)
+        if col is None:
             return None
-    return pa.table([cols[n] for n in _GPU_LAKE.names], schema=_GPU_LAKE)
+        if col.null_count:
+            if explicit_nulls or wire_name not in _GPU_DEFAULTS:
+                return None
+            col = pc.fill_null(col, pa.scalar(_GPU_DEFAULTS[wire_name], f.type))
+        cols[f.name] = col
+    return pa.table([cols[name] for name in _GPU_LAKE.names], schema=_GPU_LAKE)
 
 
 def _dead_letter(kind_topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, err: SchemaError) -> schema.DeadLetter:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import random
 from types import SimpleNamespace
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401 - pa.parquet below
 
+from faultlens.errors import SchemaError
 from faultlens.stream import schema
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.compaction import compact_lake, recover
@@ -101,7 +105,6 @@ def test_compaction_keeps_every_row_and_recovers_after_a_crash(tmp_path) -> None
     assert open_lake(tmp_path).execute("SELECT count(DISTINCT raw), count(*) FROM kernel").fetchone() == (6, 6)
 
     # A crash after the redo record, before the rename: recovery completes it.
-    import json
 
     for i in range(6, 10):
         lake.write("kernel", [schema.KernelEvent(ts=T0 + i, node="n1", kind="xid", raw=f"line {i}", xid=79)])
@@ -144,3 +147,44 @@ def test_a_value_the_lake_column_cannot_hold_is_a_dead_letter_not_a_crash() -> N
     out = decode_batch("gpu", "t.gpu", 0, [SimpleNamespace(offset=i, key=None, value=v) for i, v in enumerate([good, huge, good])])
     assert out.tables["gpu"].num_rows == 2
     assert [(d.offset, d.reason) for d in out.dead] == [(1, "bad_type")]
+
+
+def test_gpu_counters_at_zero_stay_off_the_wire_and_decode_back() -> None:
+    healthy = _gpu(T0, "n1", [60.0, 61.0])
+    sick = schema.GpuSample(ts=T0, node="n2", gpus=[schema.GpuState(index=0, util=0.0, ecc_dbe=2, remap_pending=True)])
+    wire = orjson.loads(schema.encode(healthy))
+    assert not set(wire["gpus"][0]) & schema.GPU_SPARSE_FIELDS
+    assert "util" in wire["gpus"][0]  # gauges are always sent, zero or not
+    assert {"ecc_dbe", "remap_pending", "util"} <= set(orjson.loads(schema.encode(sick))["gpus"][0])
+    for rec in (healthy, sick):
+        assert schema.decode("gpu", schema.encode(rec)) == rec
+    assert decode_gpu_batch([schema.encode(healthy), schema.encode(sick)]).to_pylist() == [
+        row for rec in (healthy, sick) for row in schema.lake_row(rec)
+    ]
+
+
+def test_the_batch_decoder_agrees_with_the_schema_module_on_mutated_messages() -> None:
+    """Swap one value for another JSON type; the batch path must refuse or give the same rows."""
+    rng = random.Random(11)
+    base = orjson.loads(schema.encode(_gpu(T0, "n1", [60.0, 70.0])))
+    replacements = [None, 1, 1.0, 1.5, -3, 2**70, True, "x", "12", "2026-11-21", [], [1], {}, {"a": 1}]
+    checked = 0
+    for _ in range(400):
+        msg = orjson.loads(orjson.dumps(base))
+        if rng.random() < 0.3:
+            key = rng.choice(["v", "ts", "node", "job", "gpus"])
+            msg[key] = rng.choice(replacements)
+        else:
+            gpu = rng.choice(msg["gpus"])
+            gpu[rng.choice([*gpu, "ecc_sbe", "lost", "recovery_action"])] = rng.choice(replacements)
+        bad = json.dumps(msg, separators=(",", ":")).encode()  # json: integers beyond 64 bits too
+        try:
+            expected = schema.lake_row(schema.decode("gpu", bad))
+        except SchemaError:
+            expected = None
+        got = decode_gpu_batch([schema.encode(_gpu(T0, "n0", [50.0])), bad])
+        if got is not None:
+            checked += 1
+            assert expected is not None, bad
+            assert got.to_pylist()[1:] == pa.Table.from_pylist(expected, schema=schema.lake_schema("gpu")).to_pylist(), bad
+    assert checked > 50  # the fast path took a fair share of them
