@@ -111,8 +111,9 @@ def measure(args: argparse.Namespace, mode: str, seconds: float) -> dict:
         kern.write_text("")
         nccl.write_text("")
         cmd = [sys.executable, __file__, "--child", "--bootstrap", broker.bootstrap, "--spool", str(Path(tmp) / "spool"),
-               "--kernel", str(kern), "--nccl", str(nccl), "--seconds", str(seconds + warmup + 2), "--tick", str(args.tick),
-               "--mode", mode]
+               "--kernel", str(kern), "--nccl", str(nccl), "--seconds", str(seconds + warmup + 2), "--mode", mode]
+        if args.tick is not None:
+            cmd += ["--tick", str(args.tick)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         proc.stdout.readline()  # "ready": imports done
@@ -162,7 +163,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20 s instead of 45 s per mode")
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--rate", type=float, default=1000.0, help="log lines per second (70%% kernel, 30%% NCCL)")
-    ap.add_argument("--tick", type=float, default=0.5, help="agent loop interval (s)")
+    ap.add_argument("--tick", type=float, default=None, help="agent loop interval (s; default: agent.tick_s)")
     ap.add_argument("--mode", choices=["both", "default", "ship"], default="both",
                     help="default: ordinary lines counted; ship: agent.ship_ordinary_lines = true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

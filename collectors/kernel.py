@@ -16,10 +16,11 @@ import calendar
 import datetime as dt
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.stream.schema import KernelEvent
 
@@ -39,10 +40,10 @@ RECOVERY_RE = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+) \(([^)]
 SXID_SEV_RE = re.compile(r"\b(Non-fatal|Fatal|Non-Fatal|fatal)\b")
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 MAX_RECORD_LINES = 256
-COLD_MAX = 512  # ordinary lines held back (a later line may continue their record) before they are settled
 # Besides the catalog words, what makes a line take the full parse: a relative
-# (dmesg -H) timestamp, which depends on the line before it, and bad bytes.
-HOT_EXTRA = (("[", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:\s?)?(?:[a-z]+\s*:[a-z]+\s*: )?\[\s*[+-]\d"),)
+# (dmesg -H) timestamp, which depends on the line before it (screened by its
+# bracket, then matched at the start of the line), and bad bytes.
+HOT_EXTRA = ((r"\[ *[+-]\d", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:\s?)?(?:[a-z]+\s*:[a-z]+\s*: )?\[\s*[+-]\d"),)
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
 DUMP_CONT_RE = re.compile(r"^(?:Call Trace:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\")")
@@ -85,7 +86,7 @@ class _Pending:
     hot: bool = True  # some line passed the fast-path filter (False: provably ordinary)
 
 
-class KernelParser:
+class KernelParser(FastPathParser):
     """Lines in, ``KernelEvent`` records out (``feed`` / ``flush``).
 
     ``boot_time`` converts dmesg's seconds-since-boot and /dev/kmsg's
@@ -93,8 +94,8 @@ class KernelParser:
     syslog timestamps, which have none. ``gpu_map`` maps a normalised PCI bus
     (``0000:3b:00``) to the GPU index, from NVML or a config table.
 
-    ``feed_many(lines)`` is the fast path for bulk and live input: a line with none
-    of the catalog's words (``hot_regex``: ~1 µs) is held back unparsed; held lines
+    ``feed_many(lines)`` is the fast path for bulk and live input (collectors/fastpath.py):
+    a line with none of the catalog's words (one Aho-Corasick scan per chunk) is held back unparsed; held lines
     are settled as ordinary (kind ``other``, counted, never built) unless a later
     line continues their record, in which case that record is parsed in full. The
     result is the same as ``feed`` on every line. ``extra_hot`` adds substrings
@@ -245,39 +246,17 @@ class KernelParser:
         return [self._build(p)]
 
     # ------------------------------------------------------------------ fast path
-    def feed_many(self, lines: Iterable[str], on_error: Callable[[str, Exception], None] | None = None) -> list[KernelEvent | int]:
-        """Many lines at once. Returns, in line order, records and ints: an int ``n``
-        stands for the next ``n`` lines, which belong to no returned record (ordinary
-        or empty lines; ``ordinary_lines`` counts the ordinary ones). ``on_error``:
-        a line whose parse raises is reported there (and is in no result) instead
-        of stopping the batch."""
-        out: list[KernelEvent | int] = []
-        hot = self._hot.search
-        cold = self._cold
-        n = 0
-        for line in lines:
-            n += 1
-            try:
-                if hot(line.lower()) is None:
-                    cold.append(line)
-                    if len(cold) >= COLD_MAX:
-                        self._settle(out, keep_last=True)
-                        cold = self._cold
-                else:
-                    line = line.rstrip("\r\n")
-                    if cold:
-                        self._settle(out, keep_last=False, next_hot=True)
-                        cold = self._cold
-                    out.extend(self._feed(line, True))
-                    if not line.strip():
-                        out.append(1)
-            except Exception as exc:
-                if on_error is None:
-                    raise
-                on_error(line, exc)
-                cold = self._cold
-        self.lines += n
-        return out
+    def _settle_full(self, out: list) -> None:
+        self._settle(out, keep_last=True)
+
+    def _settle_before_hot(self, out: list) -> None:
+        self._settle(out, keep_last=False, next_hot=True)
+
+    def _feed_hot(self, out: list, line: str) -> None:
+        line = line.rstrip("\r\n")
+        out.extend(self._feed(line, True))
+        if not line.strip():
+            out.append(1)
 
     def release(self) -> list[KernelEvent | int]:
         """Settle held lines now except the record they end with (a live source calls
@@ -312,7 +291,7 @@ class KernelParser:
         stays held; everything before it is ordinary.
         """
         cold, self._cold = self._cold, []
-        lines = [c.rstrip("\r\n") for c in cold]
+        lines = cold  # held lines hold no line break: HotFilter makes such a line hot
         i, n = 0, len(lines)
         p0 = self._pending
         if p0 is not None and p0.hot:  # lines that continue a hot record belong to it
@@ -340,7 +319,7 @@ class KernelParser:
         if p is not None:
             self._pending = None
             self._ordinary(out, len(p.lines))
-        self._ordinary(out, h, sum(1 for ln in rest[:h] if not ln.strip()))
+        self._ordinary(out, h, blank_lines(rest[:h]))
         self._advance_ts(rest, h, p is not None)
         if keep_last:
             self._cold = cold[i + h:]

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.stream.schema import NcclEvent
 
@@ -31,14 +32,15 @@ EXC_RE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exceptio
 NCCL_RESULT_RE = re.compile(r"^nccl\w+: ")
 HINT_RE = re.compile(r"^(?:CUDA kernel errors might be asynchronously reported|For debugging consider passing CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Last error:|Exception raised from |frame #\d+:|what\(\):)")
 MAX_RECORD_LINES = 400
-COLD_MAX = 512
 # Fast path: what, besides the catalog's words, can make a line more than an ordinary
 # one-line record: block starts (tracebacks, C++ terminate), NCCL WARN/ERROR, return
-# codes (`file.cc:12 -> 2`), exception type names (EXC_RE), bad bytes. Indentation
-# and dotted type names (`a.b.SomeError`) are checked on the raw line.
-HOT_WORDS = ("traceback", "terminate called", "frame #", "nccl warn", "nccl error", "last error")
-HOT_EXTRA = (("warning", r"\wwarning"), ("exit", r"\wexit"), ("interrupt", r"\winterrupt"), (" -> ", r"\d -> \d"))
-DOTTED_RE = re.compile(r"\.[A-Z]")
+# codes (`file.cc:12 -> 2`), exception type names (EXC_RE), bad bytes, indentation
+# (a leading space, or two spaces anywhere: "\n " and "  ") and, on the raw line,
+# dotted type names (`a.b.SomeError`). Patterns are written literal-first so that
+# `re` skips to the literal (patterns.HotFilter): `\wwarning` as `warning(?<=\wwarning)`.
+HOT_WORDS = ("traceback", "terminate called", "frame #", "nccl warn", "nccl error", "last error", "\n ", "  ")
+HOT_PATTERNS = (r"warning(?<=\wwarning)", r"exit(?<=\wexit)", r"interrupt(?<=\winterrupt)", r" -> (?<=\d -> )\d")
+HOT_RAW = (r"\.[A-Z]",)
 TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<std(?:out|err)>:)?\s?(?:\[?\d{4}-\d\d-\d\d|\[[EWIFD]\d{4} )")
 
 
@@ -69,7 +71,7 @@ class _Pending:
     after_last_error: bool = False
 
 
-class NcclParser:
+class NcclParser(FastPathParser):
     """Lines in, ``NcclEvent`` records out (``feed`` / ``flush``).
 
     ``feed_many(lines)`` / ``finish()``: the fast path (see KernelParser): a line
@@ -85,7 +87,7 @@ class NcclParser:
         self._pending: _Pending | None = None
         self._last_ts = default_ts
         self._cold: list[str] = []
-        self._hot = hot_regex(self.kinds.words() + list(HOT_WORDS), HOT_EXTRA)
+        self._hot = hot_regex(self.kinds.words() + list(HOT_WORDS), patterns=HOT_PATTERNS, raw=HOT_RAW)
         self.lines = 0
         self.records = 0
         self.ordinary_lines = 0
@@ -144,35 +146,16 @@ class NcclParser:
         out.extend(self._feed(raw))
         return [r for r in out if not isinstance(r, int)]
 
-    def feed_many(self, lines: Iterable[str], on_error: Callable[[str, Exception], None] | None = None) -> list[NcclEvent | int]:
-        """Many lines at once: records and ints (``n``: the next ``n`` lines are in no record), in line order."""
-        out: list[NcclEvent | int] = []
-        hot = self._hot.search
-        dotted = DOTTED_RE.search
-        cold = self._cold
-        n = 0
-        for line in lines:
-            n += 1
-            try:
-                if hot(line.lower()) is None and line[:1] != " " and "  " not in line and "\t" not in line and dotted(line) is None:
-                    cold.append(line)
-                    if len(cold) >= COLD_MAX:
-                        self._settle(out)
-                        cold = self._cold
-                else:
-                    if cold:
-                        self._settle(out)
-                        cold = self._cold
-                    out.extend(self._feed(line))
-                    if not line.strip():
-                        out.append(1)
-            except Exception as exc:
-                if on_error is None:
-                    raise
-                on_error(line, exc)
-                cold = self._cold
-        self.lines += n
-        return out
+    def _settle_full(self, out: list) -> None:
+        self._settle(out)
+
+    def _settle_before_hot(self, out: list) -> None:
+        self._settle(out)
+
+    def _feed_hot(self, out: list, line: str) -> None:
+        out.extend(self._feed(line))
+        if not line.strip():
+            out.append(1)
 
     def release(self) -> list[NcclEvent | int]:
         """Settle held lines now (a live source calls this after each batch)."""
@@ -216,7 +199,7 @@ class NcclParser:
         rest = cold[i:]
         if rest:
             out.append(len(rest))
-            self.ordinary_lines += sum(1 for ln in rest if ln.strip())
+            self.ordinary_lines += len(rest) - blank_lines(rest)
             for ln in reversed(rest):
                 if TS_HINT_RE.match(ln):
                     ts = self._line(ln.rstrip("\r\n")).ts

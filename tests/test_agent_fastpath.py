@@ -158,6 +158,20 @@ def test_noteworthy_matches_diagnosis_rules_for_other() -> None:
                 assert hot.search(text.lower()), (table.file, text)
 
 
+def test_hot_filter_finds_the_same_lines_in_a_chunk_as_line_by_line() -> None:
+    """The one-scan chunk path and the per-line check agree, odd characters included."""
+    rng = random.Random(3)
+    pieces = ["NVRM: Xid (PCI:0000:3b:00): 79", "plain text", "İstanbul", "ß", "tab\there", "bad \ufffd byte",
+              "ctl \x07", "a.B", "exit", "sysexit", "x  y", " lead", "[  +0.5] rel", "[ 12.5] abs", "UserWarning: x",
+              "1 -> 2", "a -> b", "", "   ", "Traceback (most recent call last):", "NCCL WARN net"]  # fmt: skip
+    filters = [KernelParser()._hot, NcclParser()._hot]
+    for _ in range(300):
+        chunk = [" ".join(rng.choice(pieces) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(1, 30))]
+        for hot in filters:
+            assert hot.hot_indexes(chunk) == [i for i, line in enumerate(chunk) if hot._line_hot(line)], chunk
+    assert filters[0].hot_indexes(["ok", "a\nb", "fine"]) == [1]  # a line break inside a line makes it hot
+
+
 def test_agent_counts_ordinary_lines_and_ships_the_rest(bus, tmp_path: Path) -> None:
     """Default agent: ordinary lines are counted (health, metric), recognised and bad lines are shipped."""
     import threading
