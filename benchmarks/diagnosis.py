@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from faultlens.collectors.batch import read_batch_dir
@@ -93,9 +95,39 @@ def score_suite(n: int, seed: int, max_nodes: int, config: Config, tmp: Path) ->
     return per, detectors_used
 
 
-def online_latency(trials: int) -> dict:
-    """Xid KernelEvent produced to the kernel topic -> Action received on the actions topic."""
-    from faultlens.config import BusConfig, DiagnosisConfig
+class _SteadyGpus:
+    """A node's 8 healthy GPUs for the agent's NVML source: its 1 Hz samples keep the producer busy."""
+
+    def open(self) -> None:
+        pass
+
+    def device_count(self) -> int:
+        return 8
+
+    def read(self) -> list:
+        from faultlens.stream.schema import GpuState
+
+        return [GpuState(index=i, pci_bus=f"0000:{0x18 + 0x10 * i:02x}:00.0", util=97.0, temp_c=60.0) for i in range(8)]
+
+    def wait_events(self, timeout_s: float) -> list:
+        time.sleep(timeout_s)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def online_latency(trials: int, *, through_agent: bool = False) -> dict:
+    """Xid KernelEvent produced to the kernel topic -> Action received on the actions topic.
+
+    ``through_agent``: the Xid line is appended to a kernel log that a real agent
+    (default settings, 1 Hz GPU samples) follows, so the agent's loop and delivery
+    are part of the time.
+    """
+    import threading
+
+    from faultlens.collectors.agent import Agent
+    from faultlens.config import AgentConfig, BusConfig, DiagnosisConfig
     from faultlens.diagnosis.online import DiagnosisService
     from faultlens.stream import schema
     from faultlens.stream.broker import EmbeddedBroker
@@ -122,10 +154,31 @@ def online_latency(trials: int) -> dict:
                 deadline = time.monotonic() + 20
                 while service.engine.job_of_node(f"t{i}n002") != job and time.monotonic() < deadline:
                     time.sleep(0.005)
+                agent = stop = None
+                if through_agent:
+                    log_path = Path(tempfile.mkdtemp(prefix="faultlens-lat-")) / "kern.log"
+                    log_path.write_text("")
+                    agent_config = replace(config, bus=replace(bus, linger_ms=BusConfig().linger_ms),
+                                           agent=AgentConfig(spool_dir=str(log_path.parent / "spool")))
+                    agent = Agent(agent_config,
+                                  bootstrap=broker.bootstrap, node=f"t{i}n002", nvml_backend=_SteadyGpus(),
+                                  kernel_source=str(log_path), sources=("nvml", "kernel"))
+                    stop = threading.Event()
+                    runner = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+                    runner.start()
+                    deadline = time.monotonic() + 20
+                    while agent.delivery.sent < 3 and time.monotonic() < deadline:  # connected, samples flowing
+                        time.sleep(0.01)
+                    time.sleep(random.uniform(0, 1))  # a random phase against the agent's tick and samples
                 t0 = time.perf_counter()
-                producer.send(KernelEvent(ts=time.time(), node=f"t{i}n002", kind="xid", xid=79,
-                                          raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."))
-                producer.flush(5)
+                if agent is not None:
+                    uptime = float(Path("/proc/uptime").read_text().split()[0])  # dmesg stamps: seconds since boot
+                    with open(log_path, "a") as f:
+                        f.write(f"[{uptime:12.6f}] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
+                else:
+                    producer.send(KernelEvent(ts=time.time(), node=f"t{i}n002", kind="xid", xid=79,
+                                              raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."))
+                    producer.flush(5)
                 got = None
                 while got is None and time.perf_counter() - t0 < 20:
                     for m in out.poll(timeout_ms=5):
@@ -134,6 +187,10 @@ def online_latency(trials: int) -> dict:
                             got = a
                 if got is not None:
                     lat.append(time.perf_counter() - t0)
+                if stop is not None:
+                    stop.set()
+                    runner.join(10)
+                    shutil.rmtree(log_path.parent, ignore_errors=True)
         finally:
             producer.close()
             out.close()
@@ -221,6 +278,10 @@ def main() -> int:
         print(f"\nonline Xid -> action through the embedded broker: {lat['received']}/{lat['trials']} received, "
               f"p50 {lat['p50_s'] * 1000:.0f} ms, p99 {lat['p99_s'] * 1000:.0f} ms, max {lat['max_s'] * 1000:.0f} ms "
               f"(a first warm-up trial, {lat['warmup_s'] * 1000:.0f} ms, is not counted)")
+        lat_agent = online_latency(max(10, trials // 2), through_agent=True)
+        print(f"online Xid line in a node's kernel log -> action, through a real agent (default settings): "
+              f"{lat_agent['received']}/{lat_agent['trials']} received, p50 {lat_agent['p50_s'] * 1000:.0f} ms, "
+              f"p99 {lat_agent['p99_s'] * 1000:.0f} ms, max {lat_agent['max_s'] * 1000:.0f} ms")
         big = big_batch(tmp, config, args.big_dir) if args.big_dir or not args.quick else None
         if big:
             print(f"{args.big_dir or '1,024-GPU one-hour scenario'}: {big['records']:,} records, "
@@ -237,6 +298,7 @@ def main() -> int:
               "hang_healthy_evicted_per_event": None if hang_healthy is None else round(hang_healthy, 2),
               "online_p50_s": round(lat["p50_s"], 4), "online_p99_s": round(lat["p99_s"], 4),
               "online_trials": lat["trials"], "online_received": lat["received"],
+              "online_via_agent_p50_s": round(lat_agent["p50_s"], 4), "online_via_agent_p99_s": round(lat_agent["p99_s"], 4),
               "online_warmup_s": None if lat["warmup_s"] is None else round(lat["warmup_s"], 3),
               "batch_1024gpu_hour_s": None if not big else round(big["total_s"], 1),
               "batch_1024gpu_read_s": None if not big else round(big["read_s"], 1),

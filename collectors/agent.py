@@ -58,9 +58,14 @@ from faultlens.stream.schema import (
 log = logging.getLogger(__name__)
 
 StacksProvider = Callable[[str, str, str], list[StackDump]]  # (job, node, request_id) -> dumps
-PARSER_IDLE_FLUSH_S = 1.0  # a record held for its continuation lines is shipped after this much quiet
+# A record held for its continuation lines is shipped once its log has been quiet this
+# long: printk and NCCL write a record's lines together, so a short wait suffices. While a
+# parser holds one, the loop wakes this often instead of every tick, so that a fault line
+# is not held back a whole tick after it was read.
+RECORD_QUIET_S = 0.1
 KERNEL_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 RESCAN_S = 5.0  # how often a follower looks for new/rotated files (a glob is a directory listing)
+PERIODIC_KINDS = ("gpu", "steps")  # telemetry that comes every second anyway: never urgent (a lost GPU is)
 METRICS_S = 1.0  # gauges that mirror counters are refreshed this often, not every tick
 
 
@@ -189,15 +194,22 @@ class Agent:
         self.emit_many([record])
 
     def emit_many(self, records: list[Any]) -> None:
-        """Queue records for delivery in one go (one lock, one list)."""
+        """Queue records for delivery in one go (one lock, one list).
+
+        Everything but periodic telemetry is urgent: a log record, a stack dump or a
+        sample with a lost GPU goes at the next tick unless another urgent send went
+        within ``agent.min_send_interval_s`` (see ``Delivery``).
+        """
         entries = []
+        urgent = False
         for record in records:
             kind = type(record).KIND
             if kind in ("kernel", "nccl") and record.ts <= 0:
                 record = dataclasses.replace(record, ts=self.clock())
             entries.append((kind, getattr(record, topics.KEY_FIELD[kind], None), schema.encode(record)))
+            urgent = urgent or kind not in PERIODIC_KINDS or (kind == "gpu" and any(g.lost for g in record.gpus))
         if entries:
-            self.delivery.put_many(entries)
+            self.delivery.put_many(entries, urgent=urgent)
 
     def _say_once(self, key: str, level: int, msg: str, *args: Any) -> None:
         if key not in self._said:
@@ -367,9 +379,13 @@ class Agent:
                 if now >= next_positions:
                     next_positions = now + 5.0
                     self._save_positions()
-                stop.wait(self.tick_s)
+                stop.wait(RECORD_QUIET_S if self._holding_a_record() else self.tick_s)
         finally:
             self.shutdown()
+
+    def _holding_a_record(self) -> bool:
+        """A parser holds a parsed record open, waiting to see if the next line continues it."""
+        return any(getattr(p, "_pending", None) is not None for p in self._parsers.values())
 
     def run_for(self, seconds: float) -> dict[str, Any]:
         """Run for ``seconds`` (tests, benchmarks); returns the final health report."""
@@ -439,7 +455,7 @@ class Agent:
             w.append((now, self.health[name].lines))
             if len(w) > 512:
                 del w[:256]
-        elif name in self._parsers and now - self._last_line.get(name, now) >= PARSER_IDLE_FLUSH_S:
+        elif name in self._parsers and now - self._last_line.get(name, now) >= RECORD_QUIET_S:
             parser = self._parsers[name]
             n = self._ship(name, parser, parser.flush() if self.ship_ordinary else parser.finish())
             self._last_line[name] = now

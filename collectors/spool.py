@@ -239,11 +239,13 @@ class Delivery:
                  min_send_interval_s: float = 0.0):
         self.factory = producer_factory
         # Each produce request costs kafka-python ~1.5 ms of CPU whatever it carries, the
-        # largest part of an agent's budget. Records queued within this long of the last
-        # request wait and go together; a record after a quiet spell goes at once, so the
-        # first line of a fault is not delayed.
+        # largest part of an agent's budget. So at most one request per interval while
+        # records keep coming, except that an urgent record (a fault line) goes at once
+        # when no urgent record went within the interval: the first line of a fault is
+        # never held behind the GPU samples, and a burst of them shares requests.
         self.min_send_interval_s = min_send_interval_s
-        self._last_send = float("-inf")
+        self._last_send = self._last_urgent = float("-inf")
+        self._urgent_queued = False
         self.spool = spool
         self.flush_timeout_s = flush_timeout_s
         self.batch_records = batch_records
@@ -267,14 +269,16 @@ class Delivery:
     def connected(self) -> bool:
         return self._producer is not None and self._down_since is None
 
-    def put(self, kind: str, key: str | None, value: bytes) -> None:
+    def put(self, kind: str, key: str | None, value: bytes, *, urgent: bool = False) -> None:
         with self._qlock:
             self._queue.append((kind, key, value))
+            self._urgent_queued = self._urgent_queued or urgent
 
-    def put_many(self, entries: list[Entry]) -> None:
+    def put_many(self, entries: list[Entry], *, urgent: bool = False) -> None:
         """Queue several (kind, key, value) entries at once."""
         with self._qlock:
             self._queue.extend(entries)
+            self._urgent_queued = self._urgent_queued or urgent
 
     def pending(self) -> int:
         with self._qlock:
@@ -284,13 +288,22 @@ class Delivery:
         """Deliver what is queued (spool first); on failure, spool it. Never raises.
 
         Within ``min_send_interval_s`` of the last send, queued records wait for a later
-        pump unless ``force`` (shutdown) or the spool needs replaying.
+        pump, unless one is urgent and no urgent record went within that interval, or
+        ``force`` (shutdown), or the spool needs replaying.
         """
         now = time.monotonic()
-        if not force and now - self._last_send < self.min_send_interval_s and self._down_since is None and self.spool.empty():
+        due = (
+            force
+            or now - self._last_send >= self.min_send_interval_s
+            or (self._urgent_queued and now - self._last_urgent >= self.min_send_interval_s)
+        )
+        if not due and self._down_since is None and self.spool.empty():
             return
         with self._qlock:
             batch, self._queue = self._queue, []
+            if batch and self._urgent_queued:
+                self._last_urgent = now
+            self._urgent_queued = False
         if self._down_since is not None or not self.spool.empty():
             self.spool.append(batch)
             batch = []

@@ -72,11 +72,12 @@ class AgentConfig:
     spool_max_bytes: int = 256 * 1024 * 1024
     health_interval_s: float = 30.0
     # How often the loop reads the logs: a fault line waits at most this long before it is
-    # parsed and sent. 0.5 s keeps the agent under 0.5% of a core (benchmarks/agent_overhead.py).
+    # parsed. 0.5 s keeps the agent under 0.5% of a core (benchmarks/agent_overhead.py).
     tick_s: float = 0.5
     # At most one produce request per this many seconds while records keep coming (each
-    # costs ~1.5 ms of CPU); a record after a quiet spell is sent at once. 0: every tick.
-    min_send_interval_s: float = 1.0
+    # costs kafka-python ~1.5 ms of CPU); the first urgent record (a log line, a stack
+    # dump, a lost GPU) after a quiet spell of urgent ones is sent at once. 0: every tick.
+    min_send_interval_s: float = 2.0
     metrics_port: int = 0  # 0: no /metrics endpoint
     metrics_host: str = "127.0.0.1"  # the DaemonSet sets 0.0.0.0 so Prometheus can scrape the pod
     # Ordinary log lines (kind "other", NCCL INFO: noise no pattern recognises) are counted

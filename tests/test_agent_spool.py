@@ -69,20 +69,26 @@ def test_delivery_spools_when_the_bus_is_down(tmp_path: Path) -> None:
 
 
 def test_delivery_shares_one_request_among_records_that_keep_coming(bus, tmp_path: Path) -> None:
-    """Within min_send_interval_s of a send, records wait and go together; after a quiet spell at once."""
+    """Within min_send_interval_s of a send records wait and go together; the first urgent one does not wait."""
     from faultlens.stream.bus import Producer, ensure_topics
 
     ensure_topics(bus)
     d = Delivery(lambda: Producer(bus), Spool(tmp_path, max_bytes=1 << 20), min_send_interval_s=30.0, connect_wait_s=30)
-    d.put("kernel", "n1", b'{"first": 1}')
-    d.pump()  # nothing was sent before: the first record goes at once
+    d.put("gpu", "n1", b'{"sample": 1}')
+    d.pump()  # nothing was sent before: at once
     assert d.sent == 1 and d.pending() == 0
+    d.put("gpu", "n1", b'{"sample": 2}')
+    d.pump()  # within 30 s of the last send: waits
+    assert d.sent == 1 and d.pending() == 1
+    d.put("kernel", "n1", b'{"xid": 79}', urgent=True)
+    d.pump()  # the first urgent record goes at once, and takes the waiting sample along
+    assert d.sent == 3 and d.pending() == 0
     for kind, key, value in _entries(0, 3):
-        d.put(kind, key, value)
-    d.pump()  # within 30 s of the last send: they wait
-    assert d.sent == 1 and d.pending() == 3
+        d.put(kind, key, value, urgent=True)
+    d.pump()  # an urgent record went within 30 s: these wait and will share one request
+    assert d.sent == 3 and d.pending() == 3
     d.close()  # shutdown does not wait
-    assert d.sent == 4 and d.pending() == 0 and len(d.spool) == 0
+    assert d.sent == 6 and d.pending() == 0 and len(d.spool) == 0
 
 
 def _config(tmp_path: Path, bootstrap: str, **agent: object) -> Config:
