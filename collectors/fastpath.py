@@ -10,6 +10,7 @@ line through the parser's ``feed``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
@@ -27,24 +28,24 @@ def blank_lines(lines: list[str]) -> int:
     return lines.count("") + sum(map(str.isspace, lines))
 
 
-class FastPathParser:
+class FastPathParser(ABC):
     """Base of a line parser with ``feed_many``; subclasses set ``_hot``, ``_cold`` and ``lines``."""
 
     _hot: HotFilter
     _cold: list[str]
     lines: int
 
+    @abstractmethod
     def _settle_full(self, out: list[Any]) -> None:
         """``COLD_MAX`` lines are held: settle them (the record they end with may stay held)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _settle_before_hot(self, out: list[Any]) -> None:
         """A hot line follows the held lines: settle them all."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _feed_hot(self, out: list[Any], line: str) -> None:
         """Parse one hot line in full, appending what it completes to ``out``."""
-        raise NotImplementedError
 
     def feed_many(
         self, lines: Iterable[str], on_error: Callable[[str, Exception], None] | None = None
