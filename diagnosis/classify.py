@@ -32,13 +32,13 @@ from typing import Any
 
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import Finding, KernelEvent, NcclEvent, StackDump, StepTiming
+from faultlens.vocabulary import SEVERITY_RANK, Category, LineAction, Severity, values
 
 CATALOGS = Path(__file__).resolve().parent / "catalogs"
-CATEGORIES = ("gpu_hardware", "gpu_memory", "nvlink", "pcie", "network", "host", "driver", "user_software",
-              "thermal_power", "storage", "none", "unknown")
-LINE_ACTIONS = ("none", "restart_job", "reset_gpu", "evict_node", "rollback_code", "run_diagnostics", "notify")
-SEVERITIES = ("info", "warning", "critical")
-_SEV_RANK = {"info": 0, "warning": 1, "critical": 2}
+CATEGORIES = values(Category)
+LINE_ACTIONS = values(LineAction)
+SEVERITIES = values(Severity)
+_SEV_RANK = SEVERITY_RANK
 _DEFAULT_CONFIDENCE = {"info": 0.5, "warning": 0.7, "critical": 0.95}
 
 

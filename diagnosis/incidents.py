@@ -18,23 +18,10 @@ from typing import Any
 from faultlens.diagnosis.bursts import Burst, BurstGrouper
 from faultlens.diagnosis.inhibit import Cause, Inhibitor
 from faultlens.stream.schema import Incident
+from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE
 
-KIND_CATEGORY = {
-    "gpu_lost": "gpu_hardware", "gpu_hardware": "gpu_hardware", "ecc_uncorrectable": "gpu_memory",
-    "row_remap_failure": "gpu_memory", "row_remap_pending": "gpu_memory", "retired_pages": "gpu_memory",
-    "nvlink_error": "nvlink", "pcie_degradation": "pcie", "ib_link": "network", "ib_link_recovered": "network",
-    "thermal_throttle": "thermal_power", "fail_slow": "unknown", "host_oom": "host", "hung_task": "host",
-    "user_exception": "user_software", "nan_loss": "unknown", "hang": "unknown", "slow_storage": "storage",
-    "storage": "storage", "seq_surge": "none", "fabric_storm": "network", "unclassified": "unknown",
-}
-KIND_TITLE = {
-    "gpu_lost": "GPU lost (fallen off the bus)", "ecc_uncorrectable": "uncorrectable ECC error",
-    "row_remap_failure": "row remapping failure", "nvlink_error": "NVLink errors", "pcie_degradation": "PCIe degradation",
-    "ib_link": "InfiniBand link down", "thermal_throttle": "thermal throttling", "fail_slow": "fail-slow machine",
-    "host_oom": "host out of memory (OOM killer)", "hung_task": "kernel hung task", "user_exception":
-    "same Python exception on the ranks", "nan_loss": "NaN loss", "hang": "job hang", "slow_storage": "slow storage",
-    "storage": "storage errors", "gpu_hardware": "GPU hardware error", "fabric_storm": "fabric-level storm",
-}
+KIND_CATEGORY = INCIDENT_CATEGORY
+KIND_TITLE = INCIDENT_TITLE
 MAX_EVIDENCE = 40
 
 

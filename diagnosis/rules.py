@@ -20,12 +20,12 @@ from typing import Any
 
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import Finding, GpuSample, GpuState
+from faultlens.vocabulary import Category, LineAction, Severity, values
 
 CATALOGS = Path(__file__).resolve().parent / "catalogs"
-SEVERITIES = ("info", "warning", "critical")
-LINE_ACTIONS = ("none", "restart_job", "reset_gpu", "evict_node", "rollback_code", "run_diagnostics", "notify")
-CATEGORIES = ("gpu_hardware", "gpu_memory", "nvlink", "pcie", "network", "host", "driver", "user_software",
-              "thermal_power", "storage", "none", "unknown")
+SEVERITIES = values(Severity)
+LINE_ACTIONS = values(LineAction)
+CATEGORIES = values(Category)
 TESTS = ("increase", "flag", "rate", "bits")
 
 

@@ -38,15 +38,10 @@ from faultlens.models.params import load_params
 from faultlens.models.predictor import _columns
 from faultlens.stream.schema import Finding
 from faultlens.stream.topology import Topology
+from faultlens.vocabulary import FAULT_CATEGORY, FaultKind
 
-HEALTHY = "healthy"
-KIND_CATEGORY = {
-    "gpu_lost": "gpu_hardware", "ecc_uncorrectable": "gpu_memory", "row_remap_failure": "gpu_memory",
-    "nvlink_error": "nvlink", "ib_link_persistent": "network", "ib_flap_transient": "network",
-    "pcie_degradation": "pcie", "thermal_throttle": "thermal_power", "host_oom": "host", "hung_task": "host",
-    "user_exception": "user_software", "nan_loss": "unknown", "hang_stuck_rank": "unknown",
-    "slow_storage": "storage", "seq_surge": "none", HEALTHY: "none",
-}
+HEALTHY = FaultKind.HEALTHY.value
+KIND_CATEGORY = FAULT_CATEGORY
 KIND_ACTION = {  # per-line action vocabulary
     "gpu_lost": "evict_node", "ecc_uncorrectable": "evict_node", "row_remap_failure": "evict_node",
     "nvlink_error": "evict_node", "ib_link_persistent": "evict_node", "ib_flap_transient": "none",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints
 import orjson
 
 from faultlens.errors import SchemaError
+from faultlens.vocabulary import ActionType, values
 
 if TYPE_CHECKING:  # pyarrow is imported by the Arrow functions only: the agent never loads it
     import pyarrow as pa
@@ -236,14 +237,7 @@ class Incident:
     v: int = SCHEMA_VERSION
 
 
-ACTION_TYPES = (
-    "evict_nodes",
-    "restart_job",
-    "rollback_code",
-    "run_diagnostics",
-    "adapt_parallelism",
-    "notify",
-)
+ACTION_TYPES = values(ActionType)
 
 
 @dataclass(frozen=True, slots=True)

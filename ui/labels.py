@@ -19,19 +19,12 @@ import pyarrow as pa
 
 from faultlens.stream.lake import LakeWriter
 from faultlens.ui.views import LABELS_SCHEMA
+from faultlens.vocabulary import Category, FaultKind, values
 
 # Fault kinds a person can pick: the simulator's vocabulary plus the kinds
 # diagnosis names that have no simulator twin, and "other".
-FAULT_KINDS = (
-    "gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error", "ib_link_persistent",
-    "ib_flap_transient", "pcie_degradation", "thermal_throttle", "host_oom", "hung_task",
-    "user_exception", "nan_loss", "hang_stuck_rank", "slow_storage", "seq_surge", "fail_slow",
-    "healthy", "other",
-)  # fmt: skip
-CATEGORIES = (
-    "gpu_hardware", "gpu_memory", "nvlink", "pcie", "network", "host", "driver", "user_software",
-    "thermal_power", "storage", "none", "unknown",
-)  # fmt: skip
+FAULT_KINDS = values(FaultKind)
+CATEGORIES = values(Category)
 VERDICTS = ("confirmed", "corrected")
 
 
