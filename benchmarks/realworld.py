@@ -29,13 +29,14 @@ def _pct(x: float) -> str:
 
 def misses_markdown(result: dict) -> str:
     """The misses as a Markdown table (README section), one row per entry."""
-    out = ["| id | family | expected (category / action) | faultlens (category / action, rule) | text (start) |",
-           "|---|---|---|---|---|"]
+    out = ["| id | family | expected (category / action) | faultlens (category / action, rule) | why the label | text (start) |",
+           "|---|---|---|---|---|---|"]
     for r in rw.misses(result):
         e, g = r["expected"], r["got"]
         text = r["text"].split("\n")[0][:90].replace("|", "\\|")
+        why = r["reason"][:110].replace("|", "\\|")
         out.append(f"| {r['id']} | {r['family']} | {e['category']} / {e['action']} | "
-                   f"{g['category']} / {g['action']} ({r['rule']}) | `{text}` |")
+                   f"{g['category']} / {g['action']} ({r['rule']}) | {why} | `{text}` |")
     return "\n".join(out) + "\n"
 
 
