@@ -326,7 +326,10 @@ class DiagnosisEngine:
         if inc is None:
             return None
         inc.state.affected_nodes = sorted(set(inc.state.affected_nodes) | set(nodes))
+        summary = (f"{rule.cause}: {rule.name} on {len(inc.state.affected_nodes)}/{len(job.nodes)} nodes within "
+                   f"{rule.window_s:.0f} s; no machine is at fault")
         if shared is inc:
+            inc.summary = summary
             return inc
         self.jobwide.open_incident[key] = inc.id
         for other in self.book.open_incidents(signal.job):  # the nodes' own incidents fold into the shared one
@@ -335,9 +338,7 @@ class DiagnosisEngine:
             other.status, other.state.folded_into, other.dirty = "resolved", inc.id, True
             other.summary = f"part of the job-wide incident {inc.id} ({rule.cause})"
             inc.evidence.extend(other.evidence[: max(0, 40 - len(inc.evidence))])
-        inc.summary = (f"{rule.cause}: {', '.join(sorted({signal.kind} | set(rule.source_kinds) & {signal.kind}))} "
-                       f"on {len(inc.state.affected_nodes)}/{len(job.nodes)} nodes within {rule.window_s:.0f} s; "
-                       "no machine is at fault")
+        inc.summary = summary
         self.book.promote_cause(inc)
         self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
                                 f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
