@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             # (2.5x) never occur in training.
             n = args.n or (48 if args.quick else 96)
             lo_train, hi_train = (2, 4) if args.quick else (2, 8)
-            seeds = [int(x) for x in args.train_seeds.split(",")][: 1 if args.quick else None]
+            seeds = [int(x) for x in args.train_seeds.split(",")]
             train = Rows()
             for seed in seeds:
                 tr = sim_suite(Path(tmp) / f"train{seed}", n, seed, lo_train, hi_train, "train")
