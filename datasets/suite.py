@@ -52,20 +52,51 @@ def _layout(rng: np.random.Generator, nodes: int, gpus: int) -> dict[str, Any]:
             "microbatches": int(rng.choice([4, 8, 16]))}
 
 
+# Scenario families (issue 16: a classifier is scored on a family it never saw, not on held-out windows).
+# "base": 8-GPU nodes, 2-32 of them, 1 Hz NVML, every kernel log format, the default step cost.
+# "train": base, with the kernel logs in dmesg or ISO form only.
+# "heldout": what "train" never shows: 4-GPU nodes, 3/5/6 nodes, NVML every 5 s, syslog-prefixed kernel
+# logs, steps 2.5x slower on twice the tokens per micro-batch, noisier step times.
+FAMILIES = ("base", "train", "heldout")
+HELDOUT_SIZES = (3, 5, 6)
+
+
+def _family_spec(family: str, rng: np.random.Generator, spec: ScenarioSpec) -> ScenarioSpec:
+    from dataclasses import replace
+
+    from faultlens.datasets.steptime import CostModel
+    from faultlens.datasets.workload import WorkloadSpec
+
+    if family == "train":
+        return replace(spec, kernel_format=("dmesg", "iso")[int(rng.integers(0, 2))])
+    if family == "heldout":
+        cost = CostModel()
+        return replace(spec, kernel_format="syslog", sample_interval_s=5.0, step_noise=0.02,
+                       workload=WorkloadSpec(tokens_per_microbatch=16384),
+                       cost=CostModel(cost.alpha_s_per_token * 2.5, cost.beta_s_per_token_sq * 2.5,
+                                      cost.const_s * 2.5, cost.sync_s * 2.0))
+    return spec
+
+
 def suite_specs(n: int, seed: int, *, min_nodes: int = 2, max_nodes: int = 32,
-                durations: tuple[float, ...] = (600.0, 900.0, 1200.0)) -> list[ScenarioSpec]:
-    """``n`` scenario specs: kinds cycling through healthy + every fault kind, varied clusters."""
-    sizes = [s for s in (2, 4, 8, 16, 32) if min_nodes <= s <= max_nodes] or [min_nodes]
+                durations: tuple[float, ...] = (600.0, 900.0, 1200.0), family: str = "base") -> list[ScenarioSpec]:
+    """``n`` scenario specs: kinds cycling through healthy + every fault kind, varied clusters (see FAMILIES)."""
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r} not in {FAMILIES}")
+    gpus = 4 if family == "heldout" else 8
+    pool = HELDOUT_SIZES if family == "heldout" else (2, 4, 8, 16, 32)
+    sizes = [s for s in pool if min_nodes <= s <= max_nodes] or [min_nodes]
     weights = np.array([1.0 / s**0.5 for s in sizes])
     specs = []
     for i in range(n):
         rng = np.random.default_rng([seed, i])
         kind = SCENARIO_KINDS[i % len(SCENARIO_KINDS)]
         nodes = int(rng.choice(sizes, p=weights / weights.sum()))
-        cluster = ClusterSpec(nodes=nodes, gpus_per_node=8, job=f"job{seed}-{i:04d}", **_layout(rng, nodes, 8))
+        cluster = ClusterSpec(nodes=nodes, gpus_per_node=gpus, job=f"job{seed}-{i:04d}", **_layout(rng, nodes, gpus))
         faults = () if kind == "healthy" else (FaultSpec(kind=kind, id="f1"),)
-        specs.append(ScenarioSpec(name=f"s{i:04d}-{kind}", seed=int(seed * 100_003 + i), cluster=cluster,
-                                  duration_s=float(rng.choice(durations)), faults=faults))
+        spec = ScenarioSpec(name=f"s{i:04d}-{kind}", seed=int(seed * 100_003 + i), cluster=cluster,
+                            duration_s=float(rng.choice(durations)), faults=faults)
+        specs.append(_family_spec(family, rng, spec))
     return specs
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine, run_records
+from faultlens.diagnosis.modes import BATCH
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.stream.schema import Action, Command, Incident, JobTopology, StackDump
 
@@ -28,7 +29,7 @@ def diagnose_records(job: JobTopology | dict[str, Any] | None, records: Iterable
     boot-relative and year-less log times per node and marks the estimated ones.
     ``progress(n)`` is called with the number of records fed so far.
     """
-    engine = engine or DiagnosisEngine(config, detectors=detectors, node_health=node_health, batch=True)
+    engine = engine or DiagnosisEngine(config, detectors=detectors, node_health=node_health, mode=BATCH)
     if job is not None:
         engine.set_topology(job)
     records = records if isinstance(records, list) else list(records)

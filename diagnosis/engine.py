@@ -15,12 +15,9 @@ decides; the guard rails filter; node health remembers.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
-import statistics
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -29,8 +26,12 @@ from faultlens.config import Config
 from faultlens.diagnosis.guard import Guard
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
+from faultlens.diagnosis.jobwide import JobWideCorrelator, JobWideRule
+from faultlens.diagnosis.modes import BATCH, ONLINE, Mode, output_id
+from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.policy import Decision, Policy, SignalMatcher, load_policy
+from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, load_policy
+from faultlens.diagnosis.progress import JobProgress, check_hang
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.stream.schema import (
@@ -88,18 +89,21 @@ def exception_fingerprint(record: NcclEvent) -> str | None:
     return _NUM_RE.sub("#", text.strip())[:300]
 
 
+# Incident kinds whose evidence on a machine, in the window of a NaN loss, names that machine.
+NAN_MACHINE_KINDS = frozenset({"ecc_uncorrectable", "row_remap_failure", "row_remap_pending", "retired_pages",
+                               "gpu_hardware", "gpu_lost", "nvlink_error", "pcie_degradation"})
+NAN_WINDOW_S = 900.0
+
+
 @dataclass
-class _Job:
+class JobState:
+    """What the engine knows about one job: topology, progress (steps, liveness), NaN watch, stacks at hand."""
+
     name: str
     topology: Topology | None = None
-    last_step_ts: float | None = None
-    last_step: int = -1
-    durations: deque = field(default_factory=lambda: deque(maxlen=256))
-    step_ranks: set[int] = field(default_factory=set)
+    progress: JobProgress = field(default_factory=JobProgress)
+    nan: NanWatch = field(default_factory=NanWatch)
     stacks: dict[int, StackDump] = field(default_factory=dict)
-    hang_open: str | None = None
-    loss_ranks: set[int] = field(default_factory=set)
-    nan_signals: int = 0
 
     @property
     def nodes(self) -> list[str]:
@@ -107,12 +111,14 @@ class _Job:
 
 
 class DiagnosisEngine:
-    """Records -> incidents, actions, commands. ``batch=True``: stacks come with the input, no commands."""
+    """Records -> incidents, actions, commands, in a ``mode``: ``ONLINE`` asks agents for stacks,
+    ``BATCH`` takes the stacks that came with the input (``batch=True`` is the old spelling of it)."""
 
     def __init__(self, config: Config, *, detectors: Sequence[Detector] = (), node_health: NodeHealth | None = None,
-                 batch: bool = False, classify: Any = "auto", source: str = "/faultlens/diagnosis"):
+                 mode: Mode | None = None, batch: bool | None = None, classify: Any = "auto",
+                 source: str = "/faultlens/diagnosis"):
         self.config = config
-        self.batch = batch
+        self.mode: Mode = mode or (BATCH if batch else ONLINE)
         self.source = source
         d = config.diagnosis
         self.catalog = load_policy(network_alerts_to_evict=d.network_alerts_to_evict, network_window_s=d.network_window_s)
@@ -129,8 +135,11 @@ class DiagnosisEngine:
         self.guard = Guard(config.guard)
         self.aggregator = StackAggregator()
         self.steps_cfg = {"hang_step_multiple": 20.0, "hang_min_silence_s": 60.0, "hang_grace_s": 180.0,
+                          "hang_gap_multiple": 1.5, "end_min_silence_s": 30.0, "end_step_multiple": 5.0,
+                          "end_gap_multiple": 1.2, "nan_settle_s": 15.0,
                           "stacks_wait_s": 30.0, "notify_delay_s": 300.0, **self.catalog.steps}
-        self._jobs: dict[str, _Job] = {}
+        self.jobwide = JobWideCorrelator(self.catalog.jobwide)
+        self._jobs: dict[str, JobState] = {}
         self._node_job: dict[str, str] = {}
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
@@ -167,6 +176,9 @@ class DiagnosisEngine:
         elif isinstance(record, GpuSample):
             for f in self.counters.observe(record):
                 self._file_finding(f)
+            job = self._jobs.get(self._node_job.get(record.node, ""))
+            if job is not None:
+                job.progress.observe_gpu(record)
         elif isinstance(record, KernelEvent):
             self._on_line(record, self.job_of_node(record.node))
         elif isinstance(record, NcclEvent):
@@ -197,10 +209,10 @@ class DiagnosisEngine:
             det.set_topology(topo)
         return topo
 
-    def _job(self, name: str) -> _Job:
+    def _job(self, name: str) -> JobState:
         job = self._jobs.get(name)
         if job is None:
-            job = self._jobs[name] = _Job(name)
+            job = self._jobs[name] = JobState(name)
         return job
 
     def job_of_node(self, node: str) -> str:
@@ -213,6 +225,10 @@ class DiagnosisEngine:
                 finding = self._classify(record)
             except Exception:
                 log.debug("classify failed on a line", exc_info=True)
+        nan_re = self.catalog.nan_patterns
+        if isinstance(record, NcclEvent) and nan_re is not None and nan_re.search(record.raw):
+            self._on_nan_line(record, job)
+            return
         if isinstance(record, NcclEvent):
             fp = exception_fingerprint(record)
             if fp is not None and not INFRA_EXCEPTION_RE.search(fp):
@@ -242,27 +258,31 @@ class DiagnosisEngine:
         inc = self._file(sig, decide=False)
         if inc is None:
             return
-        ranks = inc.state.setdefault("exception_ranks", {})
+        ranks = inc.state.exception_ranks
         ranks.setdefault(fp, set()).add(record.rank if record.rank is not None else hash((record.node, record.pid)))
         self._decide(inc)
 
+    def _on_nan_line(self, record: NcclEvent, job_name: str) -> None:
+        """A log line saying a rank's loss or gradients went non-finite: a NaN signal naming that rank."""
+        job = self._job(job_name)
+        rank = rank_named_in(record.raw, record.rank)
+        if rank is not None:
+            job.nan.name_rank(rank, record.raw.strip().splitlines()[0] if record.raw.strip() else record.raw)
+        sig = Signal(ts=record.ts, job=job_name, kind="nan_loss", role="job", confidence=0.8, rule="engine:nan_line",
+                     source="nccl", text=record.raw, node=record.node, rank=rank)
+        _mark_estimated(sig, record)
+        self._file(sig, decide=False)
+
     def _on_step(self, rec: StepTiming) -> None:
         job = self._job(rec.job)
-        if job.last_step_ts is None or rec.ts > job.last_step_ts:
-            job.last_step_ts = rec.ts
-        if rec.step > job.last_step:
-            job.last_step = rec.step
-            job.durations.append(rec.duration_s)
-        nan = rec.loss is not None and (math.isnan(rec.loss) or math.isinf(rec.loss))
-        if rec.loss is not None and not nan:
-            job.loss_ranks.add(rec.rank)
-        elif rec.loss is None and rec.grad_norm is None and rec.rank in job.loss_ranks:
-            nan = True  # JSON has no NaN: a loss that turns null where it was a number is one
-        if nan and job.nan_signals < 8:
-            job.nan_signals += 1
+        job.progress.observe_step(rec)
+        bad = job.nan.observe(rec)
+        if bad is not None and job.nan.nan_signals < 8:
+            job.nan.nan_signals += 1
             self._file(Signal(ts=rec.ts, job=rec.job, kind="nan_loss", role="job", confidence=0.8,
-                              rule="engine:nan_loss", source="steps", text=f"loss={rec.loss} at step {rec.step} "
-                              f"(rank {rec.rank} on {rec.node})", rank=rec.rank, figures={"step": rec.step}))
+                              rule="engine:nan_loss", source="steps", text=f"{bad} at step {rec.step} "
+                              f"(rank {rec.rank} on {rec.node})", rank=rec.rank, figures={"step": rec.step}),
+                       decide=False)
 
     def _file_finding(self, f: Finding) -> None:
         self.counts["findings"] += 1
@@ -273,9 +293,55 @@ class DiagnosisEngine:
 
     def _file(self, signal: Signal, *, decide: bool = True) -> OpenIncident | None:
         self.counts["signals"] += 1
+        rule = self.jobwide.rule_for(signal.kind) if signal.node and signal.role != "job" else None
+        if rule is not None:
+            inc = self._file_jobwide(signal, rule)
+            if inc is not None:
+                return inc
         inc = self.book.add(signal)
         if inc is not None and decide:
             self._decide(inc)
+        return inc
+
+    def _file_jobwide(self, signal: Signal, rule: JobWideRule) -> OpenIncident | None:
+        """A watched host-level signal: into the job's open shared-cause incident, or opening it once most
+        of the job's nodes reported; None when it stays a node's own (the caller files it as usual)."""
+        job = self._jobs.get(signal.job)
+        if job is None or len(job.nodes) < rule.min_nodes or signal.node is None:
+            return None
+        key = (signal.job, rule.name)
+        open_id = self.jobwide.open_incident.get(key)
+        shared = self.book.incidents.get(open_id) if open_id else None
+        if shared is None or shared.status != "open":
+            nodes = self.jobwide.note(signal.job, rule, signal.ts, signal.node, set(job.nodes))
+            if nodes is None:
+                return None
+        else:
+            nodes = sorted(set(shared.state.affected_nodes) | {signal.node})
+        redirected = Signal(ts=signal.ts, job=signal.job, kind=rule.kind, role="job", confidence=max(0.7, signal.confidence),
+                            rule=f"jobwide:{rule.name}", source=signal.source, text=signal.text, node=signal.node,
+                            rank=signal.rank, category=signal.category, severity=signal.severity,
+                            figures={**signal.figures, "host_signal": signal.kind})
+        inc = self.book.add(redirected)
+        if inc is None:
+            return None
+        inc.state.affected_nodes = sorted(set(inc.state.affected_nodes) | set(nodes))
+        summary = (f"{rule.cause}: {rule.name} on {len(inc.state.affected_nodes)}/{len(job.nodes)} nodes within "
+                   f"{rule.window_s:.0f} s; no machine is at fault")
+        if shared is inc:
+            inc.summary = summary
+            return inc
+        self.jobwide.open_incident[key] = inc.id
+        for other in self.book.open_incidents(signal.job):  # the nodes' own incidents fold into the shared one
+            if other is inc or other.kind not in rule.source_kinds or other.node is None or other.actions:
+                continue
+            other.status, other.state.folded_into, other.dirty = "resolved", inc.id, True
+            other.summary = f"part of the job-wide incident {inc.id} ({rule.cause})"
+            inc.evidence.extend(other.evidence[: max(0, 40 - len(inc.evidence))])
+        inc.summary = summary
+        self.book.promote_cause(inc)
+        self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
+                                f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
         return inc
 
     # ------------------------------------------------------------------ time
@@ -293,17 +359,17 @@ class DiagnosisEngine:
             except Exception:
                 log.exception("detector %s failed on tick", getattr(det, "name", det))
         for job in list(self._jobs.values()):
-            self._check_progress(job, now)
+            self._check_progress(job, now, final=final)
         for inc in self.book.open_incidents():
             if inc.kind == "hang":
                 self._hang_workflow(inc, now, final=final)
             elif not inc.decided and inc.kind != "user_exception":
                 self._decide(inc)
-            held = inc.state.get("notify")
+            held = inc.state.notify
             closing = now - inc.updated_ts > self.book.join_gap(inc.kind)
             if held is not None and not inc.decided and (final or closing or now - inc.opened_ts >= self.steps_cfg["notify_delay_s"]):
                 if held.nodes and set(held.nodes) <= self._evicted.get(inc.job, set()):
-                    inc.state.pop("notify")  # those machines are already evicted: nothing left for a person here
+                    inc.state.notify = None  # those machines are already evicted: nothing left for a person here
                     inc.summary = f"{inc.kind} on machines already evicted by this job's other incident"
                     inc.dirty = True
                 else:
@@ -312,21 +378,21 @@ class DiagnosisEngine:
         self.book.inhibitor.forget_before(now)
         return self._drain()
 
-    def _check_progress(self, job: _Job, now: float) -> None:
-        if job.last_step_ts is None or job.hang_open is not None:
+    def _check_progress(self, job: JobState, now: float, *, final: bool = False) -> None:
+        """Steps stopped while the hosts are alive (diagnosis.progress): open (or join) the job's hang."""
+        call = check_hang(job.progress, now, self.steps_cfg, self.config.diagnosis.hang_no_progress_s, final=final,
+                          stacks=job.stacks.values())
+        if call is None:
             return
-        median = statistics.median(job.durations) if job.durations else 1.0
-        threshold = min(self.config.diagnosis.hang_no_progress_s,
-                        max(self.steps_cfg["hang_min_silence_s"], self.steps_cfg["hang_step_multiple"] * median))
-        silence = now - job.last_step_ts
-        if silence < threshold:
+        inc = self.book.job_incident(job.name, "hang", call.ts, confidence=call.confidence,
+                                     rule="engine:no_step_progress", text=call.text, figures=call.figures)
+        if inc is None:
             return
-        inc = self.book.job_incident(
-            job.name, "hang", job.last_step_ts + threshold, confidence=0.6, rule="engine:no_step_progress",
-            text=f"no step progress for {silence:.0f} s (last step {job.last_step}; median step {median:.2f} s)",
-            figures={"silence_s": round(silence, 1), "last_step": job.last_step, "median_step_s": round(median, 3)})
-        if inc is not None:
-            job.hang_open = inc.id
+        job.progress.hang_open, job.progress.hang_step = inc.id, job.progress.last_step
+        for r in call.lagging_ranks[:16]:
+            node = job.topology.placement.get(r, (None, None))[0] if job.topology else None
+            if node:
+                inc.suspect(node, 0.4, f"rank {r} stopped before the others", rank=r)
 
     def _hang_workflow(self, inc: OpenIncident, now: float, *, final: bool) -> None:
         """Hang: ask for stacks (online), wait for an explicit cause, then demarcate from stacks."""
@@ -334,22 +400,16 @@ class DiagnosisEngine:
             return
         job = self._job(inc.job)
         st = inc.state
-        st.setdefault("pending", "hang")
-        if not self.batch and "command" not in st:
-            cmd = Command(id=_id("cmd", inc.id, now), ts=now, kind="dump_stacks", job=inc.job,
-                          params={"incident_id": inc.id, "reason": "hang"})
-            st["command"] = cmd.id
-            st["requested_ts"] = now
+        st.pending = st.pending or "hang"
+        cmd = self.mode.request_stacks(inc, now, "hang")
+        if cmd is not None:
             self._outputs.append(cmd)
-        ready_at = inc.opened_ts + self.steps_cfg["hang_grace_s"]
-        if not self.batch:
-            ready_at = max(ready_at, st.get("requested_ts", now) + self.steps_cfg["stacks_wait_s"])
+        ready_at = self.mode.stacks_ready_at(inc, now, grace_s=self.steps_cfg["hang_grace_s"],
+                                             wait_s=self.steps_cfg["stacks_wait_s"])
         if now < ready_at and not final:
             return
         verdict: StackVerdict | None = None
-        dumps = list(job.stacks.values())
-        if self.batch and not final:
-            dumps = [d for d in dumps if d.ts <= now + 1e-6] or dumps
+        dumps = self.mode.usable_dumps(job.stacks.values(), now, final=final)
         if dumps and job.topology is not None:
             verdict = self.aggregator.aggregate(dumps, job.topology)
             inc.evidence.append({"ts": now, "source": "stacks", "rule": "stacks:aggregate",
@@ -361,11 +421,13 @@ class DiagnosisEngine:
                 node = job.topology.placement.get(r, (None, None))[0]
                 if node:
                     inc.suspect(node, 0.9 if verdict.demarcation else 0.5, verdict.reasons.get(r, "outlier stack"), rank=r)
-        st.pop("pending", None)
+        st.pending = None
         g = self.config.guard
         job_nodes = max(1, len(job.nodes))
         allowed = min(g.max_evictions_per_job_per_hour, max(1, math.floor(g.max_evicted_fraction * job_nodes)))
-        decision = self.policy.decide_hang(inc, verdict, stacks_expected=not self.batch, max_nodes=allowed)
+        lagging = tuple(s["node"] for s in inc.top_suspects() if any("stopped before" in x for x in s["reasons"]))
+        decision = self.policy.decide_hang(inc, verdict, stacks_expected=self.mode.stacks_expected, max_nodes=allowed,
+                                           lagging_nodes=lagging if len(lagging) <= allowed else ())
         inc.confidence = max(inc.confidence, decision.confidence)
         self._act(inc, decision)
 
@@ -374,22 +436,58 @@ class DiagnosisEngine:
     def _decide(self, inc: OpenIncident) -> None:
         if inc.status != "open" or inc.kind == "hang":
             return
-        world = None
         job = self._jobs.get(inc.job)
-        if job and job.topology:
-            world = job.topology.world_size
-        decision = self.policy.decide(inc, self.now, world_size=world)
-        if decision is not None and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
+        rule = self.jobwide.rule_for(inc.kind) if inc.node is not None else None
+        if rule is not None and rule.hold_s > 0 and job is not None and len(job.nodes) >= rule.min_nodes \
+                and not self._final and self.now - inc.opened_ts < rule.hold_s:
+            inc.state.waiting = f"waiting {rule.hold_s:.0f} s for the job's other nodes ({rule.name})"
+            return  # the job's other nodes may report the same within the hold: then it is one shared cause
+        if inc.kind == "nan_loss":
+            self._decide_nan(inc, job)
+            return
+        world = job.topology.world_size if job and job.topology else None
+        decision: Decision | Hold | None = self.policy.decide(inc, self.now, world_size=world)
+        if isinstance(decision, Decision) and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
             decision = self._adapt_or_evict(inc, decision)
+        if isinstance(decision, Hold):
+            inc.state.waiting = decision.reason
+            return
         if decision is None or decision.type in inc.decided:
             return
+        inc.state.waiting = None
         if decision.type == "notify":
             if not inc.decided:
-                inc.state["notify"] = decision  # held back: a stronger signal may still arrive
+                inc.state.notify = decision  # held back: a stronger signal may still arrive
             return
         self._act(inc, decision)
 
-    def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision:
+    def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
+        """NaN/Inf loss: a machine first (a rank that went bad first, ECC/Xid on a node in the window),
+        else stop-time checks on the whole job. Waits ``nan_settle_s`` for every rank's report."""
+        if inc.decided or job is None:
+            return
+        settle = max(self.steps_cfg["nan_settle_s"], 3.0 * job.progress.median_step_s())
+        if not self._final and self.now - inc.opened_ts < settle:
+            inc.state.waiting = f"waiting {settle:.0f} s for every rank's steps before naming the first"
+            return
+        culprits: dict[str, str] = {}
+        ranks, why = job.nan.culprit_ranks()
+        for r in ranks:
+            node = job.topology.placement.get(r, (None, None))[0] if job.topology else None
+            if node:
+                culprits.setdefault(node, why)
+                inc.suspect(node, 0.8, why, rank=r)
+        for other in self.book.incidents.values():
+            if other.job == inc.job and other.node and other.kind in NAN_MACHINE_KINDS \
+                    and abs(other.opened_ts - inc.opened_ts) <= NAN_WINDOW_S:
+                reason = f"{other.kind} on {other.node} in the window (incident {other.id})"
+                culprits.setdefault(other.node, reason)
+                inc.suspect(other.node, 0.85, reason)
+        inc.state.nan_search = "culprit" if culprits else why
+        inc.state.waiting = None
+        self._act(inc, self.policy.decide_nan(inc, culprits, job.nodes))
+
+    def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision | Hold:
         """A slow (not dead) machine: ask the adaptation planner whether keeping the job
         running on a new plan beats evicting it, by predicted goodput over the horizon.
 
@@ -400,15 +498,19 @@ class DiagnosisEngine:
         job = self._jobs.get(inc.job)
         if not self.config.adaptation.enabled or job is None or job.topology is None:
             return decision
-        if inc.decided & {"evict_nodes", "adapt_parallelism"}:
-            return None  # one remedy per incident
+        taken = inc.decided & {"evict_nodes", "adapt_parallelism"}
+        if taken:
+            return Hold(f"one remedy per incident: {', '.join(sorted(taken))} already taken")
         measured = next((e for e in reversed(inc.evidence)
                          if str(e.get("source", "")).startswith("model:") and "slowdown" in (e.get("figures") or {})), None)
         if measured is None:
             # ByteRobust confirms a throttling gray failure against the job's throughput before
             # acting: wait a while for the step-time detector to measure the slowdown.
             waited = self.now - inc.opened_ts
-            return decision if (self._final or waited >= self.config.adaptation.confirm_wait_s) else None
+            if self._final or waited >= self.config.adaptation.confirm_wait_s:
+                return decision
+            return Hold(f"confirming the slowdown against the job's steps ({waited:.0f}/"
+                        f"{self.config.adaptation.confirm_wait_s:.0f} s) before choosing eviction or adaptation")
         from faultlens.diagnosis.adaptation import choose_remediation
 
         finding = Finding(ts=float(measured.get("ts", self.now)), kind="fail_slow", category=inc.category,
@@ -422,7 +524,8 @@ class DiagnosisEngine:
             log.warning("adaptation planner could not plan for %s: %s", inc.id, exc)
             return decision
         if action.type == "adapt_parallelism":
-            return Decision("adapt_parallelism", tuple(decision.nodes), action.reason, decision.confidence, plan=action.plan)
+            return Decision("adapt_parallelism", tuple(decision.nodes), action.reason, decision.confidence,
+                            plan=action.plan)
         return Decision(decision.type, decision.nodes, decision.reason, decision.confidence, plan=action.plan)
 
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
@@ -438,7 +541,7 @@ class DiagnosisEngine:
         inc.decided.add(d.type)
         suspects = [s for s in inc.record().suspects]
         action = Action(
-            id=_id("act", inc.id, self.now, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
+            id=output_id("act", inc.id, self.now, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
             nodes=list(d.nodes), suspects=suspects, evidence=list(inc.evidence[:20]), confidence=round(d.confidence, 4),
             dry_run=self.config.guard.dry_run, reason=d.reason + (f" [guard: {'; '.join(verdict.notes)}]" if verdict.notes else ""),
             plan=d.plan,
@@ -452,7 +555,7 @@ class DiagnosisEngine:
             self.book.promote_cause(inc)
         if d.type == "evict_nodes":
             self._evicted.setdefault(inc.job, set()).update(d.nodes)
-        if self.node_health is not None:
+        if self.node_health is not None and d.blame:
             for node in d.nodes:
                 self.node_health.record_blame(node, incident_id=inc.id, job=inc.job, kind=inc.kind, ts=self.now)
                 if d.type == "evict_nodes":
@@ -483,10 +586,6 @@ def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
 
 # Incident kinds where a machine is slow rather than dead: the planner may keep it.
 ADAPTABLE_KINDS = frozenset({"fail_slow", "thermal_throttle", "pcie_degradation"})
-
-
-def _id(prefix: str, *parts: Any) -> str:
-    return f"{prefix}-" + hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:12]
 
 
 def _load_classify() -> Any:

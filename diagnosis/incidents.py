@@ -57,6 +57,65 @@ class Signal:
         return ev
 
 
+def _decision_dict(d: Any) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {"type": str(d.type), "nodes": list(d.nodes), "reason": d.reason, "confidence": d.confidence, "plan": d.plan,
+            "blame": d.blame}
+
+
+@dataclass
+class IncidentState:
+    """The policy's working memory on one incident (typed; ``to_dict``/``from_dict`` for checkpoints).
+
+    Every field is plain data so that an online instance can checkpoint an incident
+    to its changelog topic and a new owner can restore it (issue 17).
+    """
+
+    # user_exception: normalised exception text -> the ranks that raised it
+    exception_ranks: dict[str, set[int]] = field(default_factory=dict)
+    # a notify decision held back while a stronger signal may still arrive (a policy.Decision)
+    notify: Any = None
+    # what the incident waits on before close_idle may resolve it (e.g. "hang": the stack workflow)
+    pending: str | None = None
+    # hang, online: the dump_stacks command sent and when
+    command: str | None = None
+    requested_ts: float | None = None
+    # inhibition rules whose "corroborate" effect raised this incident's confidence
+    corroborated_by: list[str] = field(default_factory=list)
+    # a job-level incident that was acted on and now explains symptoms
+    is_cause: bool = False
+    # job-wide incident (diagnosis.jobwide): the nodes that reported the shared signal
+    affected_nodes: list[str] = field(default_factory=list)
+    # the incident this one was folded into (a node's share of a job-wide event)
+    folded_into: str | None = None
+    # nan_loss: the machine-search result ("culprit" | "no_culprit"), once decided
+    nan_search: str | None = None
+    # why no decision was taken yet (policy.Hold), shown in the summary while the incident waits
+    waiting: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exception_ranks": {k: sorted(v) for k, v in self.exception_ranks.items()},
+                "notify": _decision_dict(self.notify), "pending": self.pending, "command": self.command,
+                "requested_ts": self.requested_ts, "corroborated_by": list(self.corroborated_by),
+                "is_cause": self.is_cause, "affected_nodes": list(self.affected_nodes),
+                "folded_into": self.folded_into, "nan_search": self.nan_search, "waiting": self.waiting}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IncidentState:
+        notify = d.get("notify")
+        if notify is not None:
+            from faultlens.diagnosis.policy import Decision  # policy imports this module
+
+            notify = Decision(notify["type"], tuple(notify["nodes"]), notify["reason"], float(notify["confidence"]),
+                              notify.get("plan"), bool(notify.get("blame", True)))
+        return cls(exception_ranks={k: set(v) for k, v in (d.get("exception_ranks") or {}).items()},
+                   notify=notify, pending=d.get("pending"), command=d.get("command"),
+                   requested_ts=d.get("requested_ts"), corroborated_by=list(d.get("corroborated_by") or []),
+                   is_cause=bool(d.get("is_cause", False)), affected_nodes=list(d.get("affected_nodes") or []),
+                   folded_into=d.get("folded_into"), nan_search=d.get("nan_search"), waiting=d.get("waiting"))
+
+
 @dataclass
 class OpenIncident:
     """An incident being worked on (mutable); ``record()`` is its published form."""
@@ -78,7 +137,7 @@ class OpenIncident:
     decided: set[str] = field(default_factory=set)  # action types already taken
     summary: str = ""
     bursts: list[Burst] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)  # policy's working memory (stacks, exceptions...)
+    state: IncidentState = field(default_factory=IncidentState)  # policy's working memory
     dirty: bool = True
     published: tuple[Any, ...] | None = None  # material state last published
     published_ts: float = float("-inf")
@@ -115,6 +174,28 @@ class OpenIncident:
 
     def top_suspects(self) -> list[dict[str, Any]]:
         return sorted(self.suspects.values(), key=lambda s: (-s["score"], s["node"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable form (a checkpoint); ``from_dict`` restores it."""
+        return {"id": self.id, "job": self.job, "kind": self.kind, "node": self.node, "opened_ts": self.opened_ts,
+                "updated_ts": self.updated_ts, "role": self.role, "status": self.status, "confidence": self.confidence,
+                "suspects": {k: dict(v) for k, v in self.suspects.items()}, "evidence": list(self.evidence),
+                "evidence_count": self.evidence_count, "muted": list(self.muted), "actions": list(self.actions),
+                "decided": sorted(self.decided), "summary": self.summary, "state": self.state.to_dict(),
+                "bursts": [{"key": list(b.key), "first_ts": b.first_ts, "last_ts": b.last_ts, "count": b.count,
+                            "sources": dict(b.sources), "alerts": list(b.alerts)} for b in self.bursts]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpenIncident:
+        bursts = [Burst(tuple(b["key"]), b["first_ts"], b["last_ts"], b.get("count", 0),  # type: ignore[arg-type]
+                        dict(b.get("sources") or {}), list(b.get("alerts") or [])) for b in d.get("bursts") or []]
+        return cls(id=d["id"], job=d["job"], kind=d["kind"], node=d.get("node"), opened_ts=d["opened_ts"],
+                   updated_ts=d["updated_ts"], role=d["role"], status=d.get("status", "open"),
+                   confidence=float(d.get("confidence", 0.0)), suspects={k: dict(v) for k, v in (d.get("suspects") or {}).items()},
+                   evidence=list(d.get("evidence") or []), evidence_count=int(d.get("evidence_count", 0)),
+                   muted=list(d.get("muted") or []), actions=list(d.get("actions") or []),
+                   decided=set(d.get("decided") or []), summary=d.get("summary", ""),
+                   bursts=bursts, state=IncidentState.from_dict(d.get("state") or {}))
 
     def record(self) -> Incident:
         suspects = []
@@ -179,7 +260,7 @@ class IncidentBook:
                 before = host.confidence
                 self._absorb(host, signal)
                 host.confidence = max(host.confidence, 1.0 - (1.0 - before) * (1.0 - signal.confidence))
-                host.state.setdefault("corroborated_by", []).append(rule)
+                host.state.corroborated_by.append(rule)
                 return host
             self.muted_count += 1
             if host is not None and len(host.muted) < MAX_EVIDENCE:
@@ -217,16 +298,16 @@ class IncidentBook:
 
     def promote_cause(self, inc: OpenIncident) -> None:
         """A job-level incident that was acted on (user exception -> rollback) now explains symptoms too."""
-        if inc.state.get("is_cause") or inc.role in ("cause", "alert"):
+        if inc.state.is_cause or inc.role in ("cause", "alert"):
             return
-        inc.state["is_cause"] = True
+        inc.state.is_cause = True
         self.inhibitor.note_cause(Cause(inc.kind, inc.job, inc.node, inc.opened_ts, inc.id))
         self._mute_existing(inc)
 
     def _mute_existing(self, cause_inc: OpenIncident) -> None:
         """A new cause mutes open symptom incidents of its job that nothing has acted on yet."""
         for other in self.open_incidents(cause_inc.job):
-            if other is cause_inc or other.actions or other.role in ("cause", "alert") or other.state.get("is_cause"):
+            if other is cause_inc or other.actions or other.role in ("cause", "alert") or other.state.is_cause:
                 continue
             muted = self.inhibitor.muted_by(other.kind, other.role, other.job, other.node, other.opened_ts,
                                             exclude_incident=other.id)
@@ -268,7 +349,7 @@ class IncidentBook:
         self.bursts.close_idle(now)
         closed = []
         for inc in self.open_incidents():
-            if inc.state.get("pending") or now - inc.updated_ts <= self.join_gap(inc.kind):
+            if inc.state.pending or now - inc.updated_ts <= self.join_gap(inc.kind):
                 continue
             if not inc.actions and inc.kind == "ib_link":
                 inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.diagnosis.incidents import OpenIncident, Signal
+from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
@@ -62,6 +63,14 @@ class Decision:
     reason: str
     confidence: float
     plan: dict[str, Any] | None = None
+    blame: bool = True  # False: the nodes are checked, not blamed (a whole job's machines after NaN loss)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """No decision yet, and why (shown on the incident): the engine asks again on a later tick."""
+
+    reason: str
 
 
 @dataclass
@@ -69,6 +78,8 @@ class PolicyCatalog:
     signals: list[SignalRule]
     routes: dict[str, Route]
     steps: dict[str, float] = field(default_factory=dict)
+    jobwide: list[JobWideRule] = field(default_factory=list)
+    nan_patterns: re.Pattern[str] | None = None  # log lines that say a rank's loss/gradients went bad
 
 
 def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None = None,
@@ -112,7 +123,17 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
         routes["ib_link"] = Route(r.kind, r.action, r.min_confidence,
                                   network_alerts_to_evict if network_alerts_to_evict is not None else r.repeat,
                                   network_window_s if network_window_s is not None else r.window_s, r.min_rank_fraction)
-    return PolicyCatalog(signals, routes, dict(data.get("steps", {})))
+    jobwide = load_jobwide(list(data.get("jobwide", [])), path)
+    for rule in jobwide:
+        if rule.kind not in routes:
+            raise CatalogError(f"kind {rule.kind!r} has no [route.{rule.kind}]", file=str(path), entry=rule.name)
+    nan_patterns = None
+    if data.get("nan", {}).get("patterns"):
+        try:
+            nan_patterns = re.compile("|".join(f"(?:{p})" for p in data["nan"]["patterns"]), re.IGNORECASE)
+        except re.error as exc:
+            raise CatalogError(str(exc), file=str(path), entry="nan.patterns") from None
+    return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
 
 
 class SignalMatcher:
@@ -201,7 +222,7 @@ class Policy:
         return Decision(route.action, top_nodes, reasons.get(route.action, inc.kind), conf)
 
     def _decide_exception(self, inc: OpenIncident, route: Route, world_size: int | None) -> Decision | None:
-        ranks: dict[str, set[int]] = inc.state.get("exception_ranks", {})
+        ranks: dict[str, set[int]] = inc.state.exception_ranks
         if not ranks:
             return None
         text, holders = max(ranks.items(), key=lambda kv: len(kv[1]))
@@ -213,8 +234,21 @@ class Policy:
                             f"{text[:200]} (user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
         return None
 
+    def decide_nan(self, inc: OpenIncident, culprits: dict[str, str], job_nodes: list[str]) -> Decision:
+        """NaN/Inf loss: stop-time checks on the machine that went first (or has ECC/Xid evidence), else
+        on every machine of the job (possible silent data corruption); never no action."""
+        if culprits:
+            nodes = tuple(sorted(culprits))
+            why = "; ".join(f"{n}: {r}" for n, r in sorted(culprits.items()))
+            return Decision("run_diagnostics", nodes, f"NaN/Inf loss with a machine to suspect ({why}): stop-time "
+                            "checks on it (possible silent data corruption)", max(inc.confidence, 0.8))
+        why = inc.state.nan_search or "no rank went bad first and no ECC/Xid evidence in the window"
+        return Decision("run_diagnostics", tuple(job_nodes), f"NaN/Inf loss and no machine to blame ({why}): "
+                        f"stop-time checks on the job's {len(job_nodes)} machine(s) before blaming the code",
+                        max(inc.confidence, 0.6), blame=False)
+
     def decide_hang(self, inc: OpenIncident, verdict: Any | None, *, stacks_expected: bool,
-                    max_nodes: int | None = None) -> Decision:
+                    max_nodes: int | None = None, lagging_nodes: tuple[str, ...] = ()) -> Decision:
         """After stacks were aggregated (or none came): evict the demarcated group, else diagnose.
 
         When the group holding every outlier is larger than ``max_nodes`` (what the guard rails would
@@ -239,6 +273,9 @@ class Policy:
             return Decision("run_diagnostics", (), f"hang with {len(verdict.outliers)} outlier ranks in no single "
                             "parallel group: stop-time diagnostics", 0.5)
         why = "no stacks were collected" if stacks_expected else "no stacks in the input"
+        if lagging_nodes:
+            return Decision("run_diagnostics", lagging_nodes, f"hang ({why}); the ranks that stopped first are on "
+                            f"{', '.join(lagging_nodes)}: stop-time diagnostics there", 0.5)
         return Decision("run_diagnostics", (), f"hang ({why}): stop-time diagnostics rather than a guess", 0.5)
 
 

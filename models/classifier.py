@@ -160,7 +160,7 @@ class FaultClassifier:
 
     name = "fault_classifier"
 
-    def __init__(self, *, n_estimators: int = 100, max_depth: int = 5, learning_rate: float = 0.2,
+    def __init__(self, *, n_estimators: int = 200, max_depth: int = 4, learning_rate: float = 0.1,
                  seed: int = 0, colsample: float = 0.3, features: tuple[str, ...] = FEATURES) -> None:
         self.params = {"n_estimators": n_estimators, "max_depth": max_depth, "learning_rate": learning_rate,
                        "seed": seed, "colsample": colsample}

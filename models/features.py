@@ -51,7 +51,7 @@ from faultlens.models.predictor import JobStepPredictor
 from faultlens.stream.schema import GpuSample, KernelEvent, NcclEvent, StepTiming
 from faultlens.stream.topology import Topology
 
-FEATURE_SET_VERSION = 2
+FEATURE_SET_VERSION = 3
 EVENT_CATALOG = Path(__file__).resolve().parent / "catalogs" / "event_features.toml"
 
 NVML_FEATURES = (
@@ -112,6 +112,7 @@ def load_event_catalog(path: str | Path | None = None) -> tuple[dict[int, str], 
     return xid, rules
 
 
+_PER_RANK_FEATURES = ("nccl_timeout", "nccl_ib_error", "py_exception", "nccl_warn", "timeout_silent_ranks")
 _DELTA_FEATURES = ("ecc_dbe_delta", "ecc_sbe_delta", "retired_pages_delta", "pcie_replay_delta", "nvlink_errors_delta")
 # NVML clocks-event reasons: thermal (SW 0x20, HW 0x40, HW slowdown 0x8) and power (SW cap 0x4, HW brake 0x80).
 _THERMAL_BITS = 0x20 | 0x40 | 0x8
@@ -213,9 +214,26 @@ class WindowFeatures:
         for ts, node, f in self._events:
             if ts < end_ts:
                 row(node)[f] += 1.0
+        self._per_rank(rows)
         self._gpu(gpu_recs, row)
         self._steps(steps, row, rows)
         return rows
+
+    def _per_rank(self, rows: dict[str, dict[str, float]]) -> None:
+        """Per-rank NCCL/torch line counts: every rank of a node prints its own watchdog line and
+        traceback, so raw counts grow with the GPUs a node has (8 here, 4 there); rates per rank do not."""
+        if not self._topologies:
+            return
+        per_node: dict[str, int] = defaultdict(int)
+        for topo in self._topologies.values():
+            for node, _ in topo.placement.values():
+                per_node[node] += 1
+        for node, r in rows.items():
+            n = per_node.get(node)
+            if n:
+                for f in _PER_RANK_FEATURES:
+                    if r[f]:
+                        r[f] /= n
 
     def _silent(self, row: Any, end_ts: float) -> None:
         """Ranks that stayed silent while most of their job's ranks hit the collective timeout.

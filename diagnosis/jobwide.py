@@ -1,0 +1,84 @@
+"""Job-wide events stay job-wide: one host-level signal on most of a job's nodes is one shared cause.
+
+A hung task (a process blocked in I/O), a filesystem error or a link going down on
+one node is that node's problem; the same on most nodes of a job within minutes is
+the shared storage, the network fabric or the scheduler, and no machine is at fault.
+Each ``[[jobwide]]`` rule of catalogs/policy.toml names the incident kinds it watches
+(``source_kinds``), the kind of the shared-cause incident it opens (``kind``), how
+many of the job's nodes make it job-wide (``min_fraction`` of them and at least
+``min_nodes``) within ``window_s``, and how long a node's own incident of a watched
+kind waits (``hold_s``) before it is decided alone, so that the others can arrive.
+The blast-radius guard stays as the second line behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlens.errors import CatalogError
+
+
+@dataclass(frozen=True)
+class JobWideRule:
+    name: str
+    source_kinds: tuple[str, ...]
+    kind: str
+    cause: str
+    min_fraction: float = 0.5
+    min_nodes: int = 2
+    window_s: float = 300.0
+    hold_s: float = 120.0
+
+    def needed(self, job_nodes: int) -> int:
+        return max(self.min_nodes, math.ceil(self.min_fraction * job_nodes))
+
+
+def load_jobwide(entries: list[dict[str, Any]], path: Path | str) -> list[JobWideRule]:
+    """The ``[[jobwide]]`` entries of policy.toml; a bad one fails naming file and entry."""
+    rules = []
+    for i, e in enumerate(entries):
+        name = str(e.get("name", f"jobwide#{i}"))
+        try:
+            rule = JobWideRule(**{**e, "source_kinds": tuple(e.get("source_kinds", ()))})
+        except TypeError as exc:
+            raise CatalogError(str(exc), file=str(path), entry=name) from None
+        if not rule.source_kinds or not 0 < rule.min_fraction <= 1 or rule.min_nodes < 2:
+            raise CatalogError("a jobwide rule needs source_kinds, 0 < min_fraction <= 1 and min_nodes >= 2",
+                               file=str(path), entry=name)
+        rules.append(rule)
+    return rules
+
+
+@dataclass
+class JobWideCorrelator:
+    """Which nodes of a job reported a watched kind recently; says when that becomes job-wide."""
+
+    rules: list[JobWideRule]
+    seen: dict[tuple[str, str], deque[tuple[float, str]]] = field(default_factory=dict)  # (job, rule) -> (ts, node)
+    open_incident: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, rule) -> job-wide incident id
+
+    def rule_for(self, kind: str) -> JobWideRule | None:
+        return next((r for r in self.rules if kind in r.source_kinds), None)
+
+    def note(self, job: str, rule: JobWideRule, ts: float, node: str, job_nodes: set[str]) -> list[str] | None:
+        """Record one node's signal; the nodes that make it job-wide when the rule's share is reached."""
+        q = self.seen.setdefault((job, rule.name), deque())
+        q.append((ts, node))
+        while q and ts - q[0][0] > rule.window_s:
+            q.popleft()
+        nodes = sorted({n for _, n in q if n in job_nodes})
+        if len(job_nodes) >= rule.min_nodes and len(nodes) >= rule.needed(len(job_nodes)):
+            return nodes
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seen": [[job, rule, [list(x) for x in q]] for (job, rule), q in self.seen.items()],
+                "open_incident": [[job, rule, inc] for (job, rule), inc in self.open_incident.items()]}
+
+    def restore(self, d: dict[str, Any]) -> None:
+        self.seen = {(job, rule): deque((float(t), str(n)) for t, n in q) for job, rule, q in d.get("seen", [])}
+        self.open_incident = {(job, rule): inc for job, rule, inc in d.get("open_incident", [])}
