@@ -1,11 +1,13 @@
 # Two commands are the whole set-up: `make demo` and `make test`.
-# Each creates .venv when missing and installs what it needs.
+# Each creates .venv when missing and installs what it needs; `make demo` needs nothing
+# beyond Python, `make test` also needs Chromium for the explorer's browser test
+# (installed from Debian's `chromium` package when run as root, else one line says how).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test check chromium bench lint typecheck clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +24,31 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 demo: $(VENV)/.installed-demo
 	$(VENV)/bin/faultlens demo
 
-test: $(VENV)/.installed-test
+# The explorer's browser test drives a real headless Chromium. .ci/run calls this step too.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing the Debian package chromium for the browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || { echo "make test: apt-get could not install chromium; install the package 'chromium' and rerun" >&2; exit 1; }; \
+	else \
+	  echo "make test needs Chromium: run 'sudo apt-get install chromium' (Debian/Ubuntu) or put chromium on PATH, then rerun" >&2; \
+	  exit 1; \
+	fi
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+
+typecheck: $(VENV)/.installed-test
+	$(VENV)/bin/mypy
+
+# Static checks first (seconds), then the suite.
+test: chromium lint typecheck
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/faultlens bench --quick
 
-lint: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check .
-
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache
