@@ -144,6 +144,12 @@ def evidence_table(timeline: pl.DataFrame) -> pl.DataFrame:
     return timeline.sort(["evidence", "ts"], descending=[True, False])
 
 
+def muted(inc: dict[str, Any]) -> pl.DataFrame:
+    """What the incident muted as its symptoms, and the inhibit rule that muted each."""
+    rows = [{"item": str(m.get("item", "")), "by_rule": str(m.get("by_rule", ""))} for m in inc.get("muted", [])]
+    return pl.DataFrame(rows, schema={"item": pl.String, "by_rule": pl.String})
+
+
 def job_topology(con: duckdb.DuckDBPyConnection, job: str, *, at_ts: float | None = None) -> Topology | None:
     """The job's topology as it was at ``at_ts`` (else its latest); None when the lake has none.
 
@@ -243,6 +249,8 @@ def stack_groups(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.Data
     )
     schema = {"group": pl.String, "ranks": pl.String, "nodes": pl.String, "count": pl.Int64, "share": pl.Float64,
               "outlier": pl.Boolean}
+    # A node outside the job answers "no training process of this job here" without a rank: not the job's.
+    dumps = dumps.filter(pl.col("rank").is_not_null() | pl.col("node").is_in(job_nodes(con, inc["job"])))
     if dumps.is_empty():
         return pl.DataFrame(schema=schema)
 

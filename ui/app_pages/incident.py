@@ -39,8 +39,11 @@ timeline = views.evidence_timeline(con, inc)
 st.altair_chart(charts.evidence_chart(timeline), width="stretch")
 st.dataframe(views.evidence_table(timeline).drop("ts"), hide_index=True, width="stretch",
              column_config={"text": st.column_config.TextColumn("raw line", width="large")})
-if inc.get("muted"):
-    st.caption("Muted as symptoms: " + "; ".join(f"{m.get('item')} (by {m.get('by_rule')})" for m in inc["muted"]))
+muted = views.muted(inc)
+if not muted.is_empty():
+    with st.expander(f"Muted as symptoms of this incident: {muted.height} item(s), by "
+                     + ", ".join(sorted(set(muted["by_rule"].to_list())))):
+        st.dataframe(muted, hide_index=True, width="stretch")
 
 grid = views.topology_grid(con, inc)
 if not grid.is_empty():
