@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def training_processes(job: str | None = None, table: dict[int, Proc] | None = N
 def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: float = 20.0,
                request_id: str | None = None, pyspy: str | None = None) -> StackDump:
     """``py-spy dump --pid`` of one process; failures become ``StackDump.error``."""
-    exe = pyspy or shutil.which("py-spy") or str(Path(os.sys.executable).parent / "py-spy")
+    exe = pyspy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     ts = time.time()
     try:
         res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s)

@@ -83,7 +83,8 @@ def topology_chart(frame: pl.DataFrame) -> alt.LayerChart:
                         title=None),
         tooltip=["rank", "node", "gpu", "tp", "pp", "dp", "cp", "state"],
     )
-    width = int(frame["column"].max() + 1) if frame.height else 1
+    columns: list[int] = frame["column"].to_list()
+    width = max(columns) + 1 if columns else 1
     labels = base.mark_text(fontSize=9 if width <= 64 else 0).encode(text="rank:Q")
     return (cells + labels).properties(height=alt.Step(28), width=alt.Step(max(6, min(28, 900 // width))))
 

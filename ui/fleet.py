@@ -423,8 +423,8 @@ def reliability(
         "wall_s": wall,
         "failures": int(failures),
         "mtbf_s": wall / failures if failures else None,
-        "mttr_s": float(repaired["lost_s"].mean()) if repaired.height else None,
-        "ettr": float(e["ettr"][0]) if e.height else None,
+        "mttr_s": float(repaired.select(pl.col("lost_s").mean()).item()) if repaired.height else None,
+        "ettr": float(e.row(0, named=True)["ettr"]) if e.height else None,
     }
 
 

@@ -72,7 +72,7 @@ def collect(lake_path: str | Path, job: str, since: float | None = None, until: 
             r["incident"]: r["lost_s"] for r in gaps.group_by("incident").agg(pl.col("lost_s").sum()).iter_rows(named=True)
         }
         label_rows = views.labels(con)
-        latest_label = {}
+        latest_label: dict[str, dict[str, Any]] = {}
         for r in label_rows.iter_rows(named=True):  # newest first
             latest_label.setdefault(r["incident_id"], r)
         incidents = []

@@ -378,7 +378,7 @@ def step_prediction(
 
 def headline(inc: dict[str, Any]) -> dict[str, str]:
     """What a person must read first: the culprit (node, GPU), the reason, the action taken."""
-    top = max(inc.get("suspects", []), key=lambda s: float(s.get("score") or 0.0), default={})
+    top: dict[str, Any] = max(inc.get("suspects", []), key=lambda s: float(s.get("score") or 0.0), default={})
     where = top.get("node") or "no culprit"
     if top.get("gpu") is not None:
         where += f" GPU {top['gpu']}"

@@ -147,9 +147,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
                     # Print an incident when it opens or its status/suspects/actions change.
                     state = (data.get("status"), tuple(data.get("actions", [])),
                              tuple(s.get("node") for s in data.get("suspects", [])))
-                    if seen.get(data.get("id")) == state:
+                    inc_id = str(data.get("id"))
+                    if seen.get(inc_id) == state:
                         continue
-                    seen[data.get("id")] = state
+                    seen[inc_id] = state
                 if first is None:
                     first = time.monotonic() - started
                     console.print(f"[dim]first {m.kind[:-1]} {first:.0f} s after start[/]")
@@ -157,7 +158,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             crashed = [c for c in sup.check() if c.name != "cluster"]
             if crashed:
                 for c in crashed:
-                    console.print(f"[red]{c.name} exited ({c.proc.returncode}); last lines:[/]\n{sup.tail(c.name)}")
+                    code = c.proc.returncode if c.proc is not None else None
+                    console.print(f"[red]{c.name} exited ({code}); last lines:[/]\n{sup.tail(c.name)}")
                 return 1
             cluster = next(c for c in sup.children if c.name == "cluster")
             if not cluster.alive() and not sequence_done:
