@@ -92,8 +92,6 @@ class DiagnosisConfig:
     burst_gap_s: float = 180.0
     network_alerts_to_evict: int = 2
     network_window_s: float = 300.0
-    stack_rounds: int = 5
-    stack_round_interval_s: float = 10.0
     hang_no_progress_s: float = 600.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
