@@ -136,6 +136,7 @@ class Agent:
         self._stop = threading.Event()
         self._said: set[str] = set()
         self._positions_path = Path(ac.spool_dir) / "positions.json"
+        self._saved_positions: dict[str, Any] | None = None
         self.ship_ordinary = ac.ship_ordinary_lines
         self._next_metrics = 0.0
 
@@ -275,7 +276,6 @@ class Agent:
         self._start_sources()
         ac = self.config.agent
         next_health = time.monotonic() + ac.health_interval_s
-        next_positions = time.monotonic() + 5.0
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -283,9 +283,6 @@ class Agent:
                 if now >= next_health:
                     next_health = now + ac.health_interval_s
                     self.log_health()
-                if now >= next_positions:
-                    next_positions = now + 5.0
-                    self._save_positions()
                 stop.wait(RECORD_QUIET_S if self._holding_a_record() else self.tick_s)
         finally:
             self.shutdown()
@@ -310,6 +307,7 @@ class Agent:
         for source in self._sources:
             source.poll(now)
         self.delivery.pump()
+        self._checkpoint_positions()
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_S
             self._update_metrics()
@@ -381,8 +379,23 @@ class Agent:
         m["spool_dropped"].set(self.spool.dropped_records)
         m["spool_spooled"].set(self.spool.spooled_records)
 
+    def _checkpoint_positions(self) -> None:
+        """Save the followers' positions once every record of the lines read so far is sent or spooled.
+
+        A position saved while records of its lines still wait in memory loses them at a
+        kill -9 (the restarted agent starts after them); one saved long after they went
+        out makes the restarted agent read and send those lines again. So it is saved
+        right after a delivery leaves nothing queued and no parser holds a record.
+        """
+        if self.delivery.pending() or self._holding_a_record():
+            return
+        self._save_positions()
+
     def _save_positions(self) -> None:
         state = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        if state == self._saved_positions:
+            return
+        self._saved_positions = state
         try:
             tmp = self._positions_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(state))

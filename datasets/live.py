@@ -47,11 +47,14 @@ DEMO_FAULTS: tuple[tuple[str, int, int | None], ...] = (
 def demo_fleet(nodes: int, jobs: int) -> tuple[int, int]:
     """(machines per job, spare machines) for a fleet of ``nodes`` running ``jobs`` jobs.
 
-    At least one machine stays spare (a real fleet keeps some for replacements); a job
-    has at least two machines so that peers exist to compare with.
+    One machine stays spare when the fleet allows (a real fleet keeps some for
+    replacements); every job gets the same share, at least one machine.
     """
-    per_job = max(2, (nodes - 1) // max(1, jobs))
-    return per_job, max(0, nodes - per_job * jobs)
+    jobs = max(1, jobs)
+    if nodes < jobs:
+        raise ValueError(f"{nodes} nodes cannot run {jobs} jobs on machines of their own")
+    per_job = max(1, (nodes - 1) // jobs)
+    return per_job, nodes - per_job * jobs
 
 
 def demo_segments(nodes: int = 16, *, segment_s: float = 300.0, onset_s: float = 90.0, seed: int = 7,
@@ -99,6 +102,10 @@ class LiveCluster:
         agent = dataclasses.replace(
             self.config.agent, node=node, job=job, spool_dir=str(self.workdir / "spool" / node),
             nvml_interval_s=max(0.05, self.config.agent.nvml_interval_s / self.speed),
+            # The send limiter holds periodic telemetry this long in real time; scaled like NVML's
+            # interval so that one job's steps do not lag another job's log lines by minutes of
+            # simulated time (a false "no step progress" on a busy machine).
+            min_send_interval_s=self.config.agent.min_send_interval_s / self.speed,
             health_interval_s=3600.0,
         )
         return dataclasses.replace(self.config, agent=agent)
