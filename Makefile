@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_FLAGS ?= -q --disable-pip-version-check
+# setuptools prints an informational "Editable installation" notice for every editable
+# install of a package that maps folders (ours: faultlens.collectors = collectors/...);
+# nothing in pyproject.toml can silence it, so the install steps filter that one message.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test check chromium bench lint typecheck clean
 
@@ -14,11 +18,11 @@ $(VENV)/bin/python:
 	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip setuptools wheel
 
 $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[all]'
+	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[all]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install $(PIP_FLAGS) -e '.[test]'
+	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[test]'
 	touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo
