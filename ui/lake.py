@@ -90,9 +90,10 @@ def json_or(text: Any, default: Any) -> Any:
         return default
 
 
-def time_window(since: float | None, until: float | None, column: str = "ts") -> tuple[str, list[float]]:
-    """A SQL condition (and its parameters) for ``since <= column < until``; either end optional."""
-    clauses, params = [], []
+def time_window(since: float | None, until: float | None, column: str = "ts") -> tuple[str, list[Any]]:
+    """A SQL condition (and its parameters, which callers extend) for ``since <= column < until``."""
+    clauses: list[str] = []
+    params: list[Any] = []
     if since is not None:
         clauses.append(f"{column} >= ?")
         params.append(float(since))

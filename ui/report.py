@@ -77,7 +77,7 @@ def collect(lake_path: str | Path, job: str, since: float | None = None, until: 
             latest_label.setdefault(r["incident_id"], r)
         incidents = []
         for row in views.incidents(con, job=job, since=since, until=until).sort("opened_ts").iter_rows(named=True):
-            inc = views.incident(con, row["id"])
+            inc = views.incident(con, row["id"]) or {}
             acts = views.actions(con, incident_id=row["id"])
             incidents.append({
                 "id": row["id"], "opened_ts": row["opened_ts"], "severity": row["severity"], "status": row["status"],

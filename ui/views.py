@@ -111,8 +111,8 @@ def evidence_timeline(con: duckdb.DuckDBPyConnection, inc: dict[str, Any], *, li
         }
         for e in inc.get("evidence", [])
     ]
-    schema = {"ts": pl.Float64, "source": pl.String, "node": pl.String, "rank": pl.Int64,
-              "text": pl.String, "evidence": pl.Boolean}
+    schema = pl.Schema({"ts": pl.Float64, "source": pl.String, "node": pl.String, "rank": pl.Int64,
+                        "text": pl.String, "evidence": pl.Boolean})
     frame = pl.DataFrame(cited, schema=schema)
     nodes = sorted({s["node"] for s in inc.get("suspects", []) if s.get("node")})
     if nodes:

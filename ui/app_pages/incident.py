@@ -11,9 +11,14 @@ if not choices:
     st.stop()
 ids = list(choices)
 wanted = st.query_params.get("id")
-chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=choices.get)
+chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda i: choices[i]) or ids[0]
 st.query_params["id"] = chosen
 inc = views.incident(con, chosen)
+if inc is None:
+    st.error(f"Incident {chosen} is not in the lake.")
+    st.stop()
+assert inc is not None  # st.stop() ends the script run
 head = views.headline(inc)
 
 st.title(f"Culprit: {head['culprit']}")
