@@ -94,6 +94,8 @@ def _describe(kind: str, data: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    import logging
+
     import orjson
     from rich.console import Console
 
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from faultlens.supervise import Supervisor
 
     console = Console()
+    if args.log_level == "WARNING":  # the default: kafka-python's event-loop timing warnings are not the user's
+        logging.getLogger("kafka").setLevel(logging.ERROR)
     workdir = Path(args.workdir).resolve()
     if workdir.exists() and not args.keep:
         shutil.rmtree(workdir)
