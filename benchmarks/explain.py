@@ -3,7 +3,7 @@
 Builds a kernel log of the requested size from real line shapes (mostly ordinary
 kernel noise, a few percent Xid/NVRM/mlx5/AER lines, some call traces), runs
 the explain pipeline with --json output to /dev/null, and scores explain's
-verdicts against the labels of shared/reference/real-logs.
+verdicts against the labels of the real-log fixtures (tests/fixtures/real_logs).
 
     python benchmarks/explain.py [--quick] [--mb 100]
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REAL_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real_logs"
 NOISE = [
     "audit: type=1400 audit({t}:2): apparmor=\"STATUS\" operation=\"profile_replace\" profile=\"unconfined\" name=\"snap.lxd\" pid={p}",
     "IPv4: martian source 10.0.3.{p} from 10.0.0.1, on dev eth0",

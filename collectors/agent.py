@@ -1,9 +1,13 @@
-"""The node agent: runs the enabled sources and ships their records through the spool.
+"""The node agent: runs the configured sources and ships their records through the spool.
 
-One loop thread polls the followers (kernel, nccl, steps), samples NVML every
-``agent.nvml_interval_s``, pumps delivery and logs health; two helper threads
-block where blocking is the API: NVML's event wait, and the ``commands``
-consumer that answers ``dump_stacks`` requests.
+The agent knows no source by name: ``agent.sources`` names them, the registry
+(collectors/sources.py) builds each from the module that registered it (nvml,
+kernel, nccl, steps, stacks), and one loop thread polls them in that order each
+tick, then pumps delivery and logs health. Sources that must block (NVML's event
+wait, the ``commands`` consumer that answers ``dump_stacks``) run a thread of
+their own. Sources reach the agent only through its services: ``emit_many``,
+``set_state``/``success``/``parse_failure`` for health, and ``ship_log_lines`` /
+``ship_parsed`` for parsed log lines (the ship filter below).
 
 Per source, health says: state (``ok``, ``no_data``, ``error``, ``starting``),
 last success, lines/s, records, parse failures. "No GPU here" is ``no_data``,
@@ -34,39 +38,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from faultlens.collectors.follow import FileFollower, JournalReader, KmsgReader
-from faultlens.collectors.kernel import KernelParser
-from faultlens.collectors.nccl import NcclParser
-from faultlens.collectors.nvml_backend import NvmlBackend, NvmlEvent
+from faultlens.collectors.follow import RECORD_QUIET_S
+from faultlens.collectors.sources import Source, source_factory
 from faultlens.collectors.spool import Delivery, Spool
-from faultlens.collectors.steps import StepLogParser, step_fields_duration
 from faultlens.config import Config
-from faultlens.errors import BusError, FaultlensError, NoData, SchemaError
+from faultlens.errors import BusError
 from faultlens.stream import schema, topics
-from faultlens.stream.schema import (
-    Command,
-    DeadLetter,
-    GpuSample,
-    KernelEvent,
-    NcclEvent,
-    StackDump,
-    StepTiming,
-)
+from faultlens.stream.schema import StackDump
 
 log = logging.getLogger(__name__)
 
 StacksProvider = Callable[[str, str, str], list[StackDump]]  # (job, node, request_id) -> dumps
-# A record held for its continuation lines is shipped once its log has been quiet this
-# long: printk and NCCL write a record's lines together, so a short wait suffices. While a
-# parser holds one, the loop wakes this often instead of every tick, so that a fault line
-# is not held back a whole tick after it was read.
-RECORD_QUIET_S = 0.1
-KERNEL_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
-RESCAN_S = 5.0  # how often a follower looks for new/rotated files (a glob is a directory listing)
 PERIODIC_KINDS = ("gpu", "steps")  # telemetry that comes every second anyway: never urgent (a lost GPU is)
 METRICS_S = 1.0  # gauges that mirror counters are refreshed this often, not every tick
+# Keyword arguments written before sources were plugins: (source, option) each sets.
+_SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", "path"),
+               "nccl_glob": ("nccl", "glob"), "steps_glob": ("steps", "glob"), "stacks_provider": ("stacks", "provider")}
 
 
 @dataclass
@@ -96,26 +83,15 @@ class SourceHealth:
                 "ordinary_lines": self.ordinary_lines, "lines_per_s": round(self.lines_per_s(now), 2)}
 
 
-def boot_time() -> float | None:
-    """Unix time of boot (/proc/stat btime): turns dmesg/kmsg uptimes into timestamps."""
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _default_stacks(job: str, node: str, request_id: str) -> list[StackDump]:
-    from faultlens.collectors.stacks import dump_job
-
-    return dump_job(job, node, request_id=request_id)
-
-
 class Agent:
-    """The faultlens node agent. ``run(stop)`` until ``stop`` is set; ``run_for(seconds)``."""
+    """The faultlens node agent. ``run(stop)`` until ``stop`` is set; ``run_for(seconds)``.
+
+    The sources come from ``agent.sources`` (or ``sources``), each built by its
+    registered factory (collectors/sources.py) with ``options[name]``: a fake NVML
+    backend, a log path, a stacks provider. The older keyword arguments
+    (``nvml_backend``, ``kernel_source``, ``nccl_glob``, ``steps_glob``,
+    ``stacks_provider``) set the same options.
+    """
 
     def __init__(
         self,
@@ -123,15 +99,12 @@ class Agent:
         *,
         bootstrap: str | None = None,
         node: str | None = None,
-        nvml_backend: NvmlBackend | None = None,
-        kernel_source: str | None = None,
-        nccl_glob: str | None = None,
-        steps_glob: str | None = None,
-        stacks_provider: StacksProvider | None = None,
         sources: tuple[str, ...] | None = None,
+        options: dict[str, dict[str, Any]] | None = None,
         tick_s: float | None = None,
         from_end: bool = True,
         clock: Callable[[], float] = time.time,
+        **shorthands: Any,
     ):
         ac = config.agent
         self.config = config
@@ -144,11 +117,13 @@ class Agent:
         # time of their own); the simulator passes its accelerated clock.
         self.clock = clock
         self.from_end = from_end
-        self.kernel_source = kernel_source or ac.kernel_follow
-        self.nccl_glob = nccl_glob if nccl_glob is not None else ac.nccl_glob
-        self.steps_glob = steps_glob if steps_glob is not None else ac.steps_glob
-        self.stacks_provider = stacks_provider or _default_stacks
-        self._nvml_backend = nvml_backend
+        self.options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (options or {}).items()}
+        for key, value in shorthands.items():
+            if key not in _SHORTHANDS:
+                raise TypeError(f"Agent() got an unexpected keyword argument {key!r}")
+            if value is not None:
+                src, opt = _SHORTHANDS[key]
+                self.options.setdefault(src, {})[opt] = value
         self.health = {name: SourceHealth(name) for name in self.sources}
         self.spool = Spool(ac.spool_dir, max_bytes=ac.spool_max_bytes)
         self.metrics: Any = None
@@ -156,20 +131,19 @@ class Agent:
         self._extra_metrics: dict[str, Any] = {}
         self.delivery = Delivery(self._producer, self.spool, on_sent=self._on_sent,
                                  min_send_interval_s=ac.min_send_interval_s)
-        self._followers: dict[str, Any] = {}
-        self._parsers: dict[str, Any] = {}
-        self._last_line: dict[str, float] = {}
-        self._nvml: NvmlBackend | None = None
-        self._next_sample = 0.0
-        self._sample_now = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._sources: list[Source] = []
+        self.gpu_map: dict[str, int] = {}  # PCI bus -> GPU index, from NVML; the kernel parser reads it
         self._stop = threading.Event()
         self._said: set[str] = set()
-        self._seen_commands: set[str] = set()
         self._positions_path = Path(ac.spool_dir) / "positions.json"
+        self._saved_positions: dict[str, Any] | None = None
         self.ship_ordinary = ac.ship_ordinary_lines
         self._next_metrics = 0.0
-        self._step_parsers: dict[str, StepLogParser] = {}
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """Set when the agent stops; source threads watch it."""
+        return self._stop
 
     # ------------------------------------------------------------------ plumbing
     def _producer(self) -> Any:
@@ -211,12 +185,14 @@ class Agent:
         if entries:
             self.delivery.put_many(entries, urgent=urgent)
 
-    def _say_once(self, key: str, level: int, msg: str, *args: Any) -> None:
+    def say_once(self, key: str, level: int, msg: str, *args: Any) -> None:
+        """Log ``msg`` the first time ``key`` is seen (a blind source says so once, not every tick)."""
         if key not in self._said:
             self._said.add(key)
             log.log(level, msg, *args)
 
-    def _set_state(self, name: str, state: str, detail: str = "") -> None:
+    def set_state(self, name: str, state: str, detail: str = "") -> None:
+        """A source's state changed (logged on change, mirrored in ``faultlens_source_up``)."""
         h = self.health[name]
         if h.state != state or h.detail != detail:
             level = logging.INFO if state == "ok" else logging.WARNING
@@ -225,15 +201,22 @@ class Agent:
         if self.metrics is not None:
             self.metrics.source_up.labels(source=name).set(1 if state == "ok" else 0)
 
-    def _success(self, name: str, lines: int = 0, records: int = 0) -> None:
+    def success(self, name: str, lines: int = 0, records: int = 0, now: float | None = None) -> None:
+        """A source read ``lines`` and emitted ``records``; ``now`` (monotonic) feeds lines/s."""
         h = self.health[name]
         h.lines += lines
         h.records += records
         h.last_success_ts = time.time()
         if self.metrics is not None and (lines or records):
             self.metrics.last_event_ts.labels(source=name).set(h.last_success_ts)
+        if lines and now is not None:
+            w = h._window
+            w.append((now, h.lines))
+            if len(w) > 512:
+                del w[:256]
 
-    def _parse_failure(self, name: str) -> None:
+    def parse_failure(self, name: str) -> None:
+        """One input unit of ``name`` did not parse (it is kept by the source, never dropped)."""
         self.health[name].parse_failures += 1
         if self.metrics is not None:
             self.metrics.parse_failures.labels(source=name).inc()
@@ -279,85 +262,10 @@ class Agent:
             positions = json.loads(self._positions_path.read_text())
         except (OSError, ValueError):
             pass
-        if "nvml" in self.sources:
-            self._start_nvml()
-        if "kernel" in self.sources:
-            self._start_kernel(positions.get("kernel", {}))
-        for name, pattern in (("nccl", self.nccl_glob), ("steps", self.steps_glob)):
-            if name not in self.sources:
-                continue
-            if not pattern:
-                self._set_state(name, "off", "no glob configured")
-                continue
-            f = FileFollower(pattern, from_end=self.from_end, rescan_interval_s=RESCAN_S)
-            f.restore(positions.get(name, {}))
-            self._followers[name] = f
-            if name == "nccl":
-                self._parsers[name] = NcclParser(self.node, job=self.job)
-            self._set_state(name, "ok", f"following {pattern}")
-        if "stacks" in self.sources:
-            t = threading.Thread(target=self._stacks_loop, name="faultlens-stacks", daemon=True)
-            self._threads.append(t)
-            t.start()
-
-    def _start_nvml(self) -> None:
-        backend = self._nvml_backend
-        if backend is None:
-            from faultlens.collectors.nvml import PynvmlBackend
-
-            backend = PynvmlBackend()
-        try:
-            backend.open()
-        except NoData as exc:
-            self._say_once("nvml.nodata", logging.WARNING, "nvml: no data on this host: %s; the other sources go on", exc)
-            self._set_state("nvml", "no_data", str(exc))
-            return
-        except FaultlensError as exc:
-            self._set_state("nvml", "error", str(exc))
-            return
-        self._nvml = backend
-        self._set_state("nvml", "ok", f"{backend.device_count()} GPUs")
-        t = threading.Thread(target=self._events_loop, name="faultlens-nvml-events", daemon=True)
-        self._threads.append(t)
-        t.start()
-
-    def _start_kernel(self, positions: dict[str, Any]) -> None:
-        src = self.kernel_source
-        reader: Any = None
-        detail = ""
-        tried = []
-        try:
-            if src in ("auto", "kmsg"):
-                try:
-                    reader, detail = KmsgReader("/dev/kmsg", from_end=self.from_end), "/dev/kmsg"
-                except NoData as exc:
-                    tried.append(str(exc))
-                    if src == "kmsg":
-                        raise
-            if reader is None and src in ("auto", "journal"):
-                try:
-                    reader, detail = JournalReader(), "journalctl -k -f"
-                except NoData as exc:
-                    tried.append(str(exc))
-                    if src == "journal":
-                        raise
-            if reader is None and src == "auto":
-                path = next((p for p in KERNEL_FILES if os.access(p, os.R_OK)), None)
-                if path is None:
-                    raise NoData("no readable kernel log: " + "; ".join(tried + [f"none of {', '.join(KERNEL_FILES)}"]))
-                src = path
-            if reader is None:
-                if not os.path.exists(src) and not any(c in src for c in "*?["):
-                    self._say_once("kernel.missing", logging.WARNING, "kernel: %s does not exist yet; waiting for it", src)
-                f = FileFollower(src, from_end=self.from_end, rescan_interval_s=RESCAN_S)
-                f.restore(positions)
-                reader, detail = f, src
-        except NoData as exc:
-            self._set_state("kernel", "no_data", str(exc))
-            return
-        self._followers["kernel"] = reader
-        self._parsers["kernel"] = KernelParser(self.node, boot_time=boot_time())
-        self._set_state("kernel", "ok", f"following {detail}")
+        for name in self.sources:
+            source = source_factory(name)(self, self.options.get(name, {}))
+            self._sources.append(source)
+            source.start(positions.get(name, {}))
 
     # ------------------------------------------------------------------ loop
     def run(self, stop: threading.Event | None = None) -> None:
@@ -368,7 +276,6 @@ class Agent:
         self._start_sources()
         ac = self.config.agent
         next_health = time.monotonic() + ac.health_interval_s
-        next_positions = time.monotonic() + 5.0
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -376,16 +283,13 @@ class Agent:
                 if now >= next_health:
                     next_health = now + ac.health_interval_s
                     self.log_health()
-                if now >= next_positions:
-                    next_positions = now + 5.0
-                    self._save_positions()
                 stop.wait(RECORD_QUIET_S if self._holding_a_record() else self.tick_s)
         finally:
             self.shutdown()
 
     def _holding_a_record(self) -> bool:
-        """A parser holds a parsed record open, waiting to see if the next line continues it."""
-        return any(getattr(p, "_pending", None) is not None for p in self._parsers.values())
+        """A source holds a parsed record open, waiting to see if the next line continues it."""
+        return any(src.holding() for src in self._sources)
 
     def run_for(self, seconds: float) -> dict[str, Any]:
         """Run for ``seconds`` (tests, benchmarks); returns the final health report."""
@@ -399,81 +303,29 @@ class Agent:
         return self.health_report()
 
     def tick(self, now: float) -> None:
-        """One round: NVML sample when due, followers, parser idle flush, delivery."""
-        if self._nvml is not None and (now >= self._next_sample or self._sample_now.is_set()):
-            self._sample_now.clear()
-            self._next_sample = now + self.config.agent.nvml_interval_s
-            self._sample()
-        for name in ("kernel", "nccl", "steps"):
-            f = self._followers.get(name)
-            if f is not None:
-                self._poll_source(name, f, now)
+        """One round: every source in its configured order, then delivery."""
+        for source in self._sources:
+            source.poll(now)
         self.delivery.pump()
+        self._checkpoint_positions()
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_S
             self._update_metrics()
 
-    def _sample(self) -> None:
-        assert self._nvml is not None
-        try:
-            gpus = self._nvml.read()
-        except NoData as exc:
-            self._set_state("nvml", "no_data", str(exc))
-            return
-        except Exception as exc:  # noqa: BLE001 - a backend bug must not stop the other sources
-            self._set_state("nvml", "error", f"{type(exc).__name__}: {exc}")
-            return
-        self.emit(GpuSample(self.clock(), self.node, gpus, self.job))
-        lost = [g.index for g in gpus if g.lost]
-        self._set_state("nvml", "ok", f"{len(gpus)} GPUs" + (f", lost: {lost}" if lost else ""))
-        self._success("nvml", records=1)
-        kp = self._parsers.get("kernel")
-        if kp is not None and not kp.gpu_map:
-            from faultlens.collectors.kernel import normalize_pci
+    # ------------------------------------------------------------------ log sources
+    def ship_log_lines(self, name: str, parser: Any, lines: list[str],
+                       unparsed: Callable[[str, Exception], Any]) -> int:
+        """Parse a batch of log lines; ship what is recognised (and bad input); count ordinary lines.
 
-            kp.gpu_map = {normalize_pci(g.pci_bus): g.index for g in gpus if g.pci_bus}
-
-    def _poll_source(self, name: str, follower: Any, now: float) -> None:
-        try:
-            lines = follower.poll()
-        except FaultlensError as exc:
-            self._set_state(name, "error", str(exc))
-            return
-        except OSError as exc:
-            self._set_state(name, "error", f"{exc}")
-            return
-        if getattr(follower, "last_error", None):
-            self._set_state(name, "error", follower.last_error)
-            follower.last_error = None
-        elif self.health[name].state == "error":
-            self._set_state(name, "ok")
-        if lines:
-            self._last_line[name] = now
-            n = self._feed_steps(lines) if name == "steps" else self._feed_log(name, lines)
-            self._success(name, lines=len(lines), records=n)
-            w = self.health[name]._window
-            w.append((now, self.health[name].lines))
-            if len(w) > 512:
-                del w[:256]
-        elif name in self._parsers and now - self._last_line.get(name, now) >= RECORD_QUIET_S:
-            parser = self._parsers[name]
-            n = self._ship(name, parser, parser.flush() if self.ship_ordinary else parser.finish())
-            self._last_line[name] = now
-            if n:
-                self._success(name, records=n)
-
-    def _feed_log(self, name: str, lines: list[str]) -> int:
-        """Parse a batch of lines; ship what is recognised (and bad input); count ordinary lines."""
-        parser = self._parsers[name]
-        unparsed: list[Any] = []
+        ``unparsed(line, exc)`` makes the record that keeps a line the parser failed on.
+        """
+        bad: list[Any] = []
 
         def bad_line(line: str, exc: Exception) -> None:  # a bad line is counted and kept, never fatal
-            self._parse_failure(name)
-            self._say_once(f"{name}.parse.{type(exc).__name__}", logging.WARNING, "%s: a line did not parse (%s): %r",
-                           name, exc, line[:200])
-            cls = KernelEvent if name == "kernel" else NcclEvent
-            unparsed.append(cls(ts=self.clock(), node=self.node, kind="unparsed", raw=line, message=line,
-                                fields={"parse_error": f"{type(exc).__name__}: {exc}"[:300]}))
+            self.parse_failure(name)
+            self.say_once(f"{name}.parse.{type(exc).__name__}", logging.WARNING, "%s: a line did not parse (%s): %r",
+                          name, exc, line[:200])
+            bad.append(unparsed(line, exc))
 
         if self.ship_ordinary:
             items: list[Any] = []
@@ -485,10 +337,10 @@ class Agent:
         else:
             items = parser.feed_many(lines, on_error=bad_line)
             items += parser.release()
-        self.emit_many(unparsed)
-        return len(unparsed) + self._ship(name, parser, items)
+        self.emit_many(bad)
+        return len(bad) + self.ship_parsed(name, parser, items)
 
-    def _ship(self, name: str, parser: Any, items: list[Any]) -> int:
+    def ship_parsed(self, name: str, parser: Any, items: list[Any]) -> int:
         """Emit the records among ``items`` that are not ordinary; count the ordinary lines."""
         ordinary = 0
         out = []
@@ -506,132 +358,6 @@ class Agent:
             if self._extra_metrics:
                 self._extra_metrics["ordinary"].labels(source=name).inc(ordinary)
         return len(out)
-
-    def _feed_steps(self, lines: list[str]) -> int:
-        n = 0
-        for line in lines:
-            s = line.strip()
-            if not s:
-                continue
-            if s.startswith("{"):
-                try:
-                    obj = orjson.loads(s)
-                    if isinstance(obj, dict):
-                        obj.setdefault("v", schema.SCHEMA_VERSION)
-                        obj.setdefault("node", self.node)
-                    rec = schema.from_dict("steps", obj)
-                except (orjson.JSONDecodeError, SchemaError) as exc:
-                    self._parse_failure("steps")
-                    reason = exc.reason if isinstance(exc, SchemaError) else "malformed_json"
-                    self.emit(DeadLetter(self.clock(), topics.topic("steps", self.config.bus.topic_prefix), -1, -1, reason,
-                                         str(exc)[:300], self.node, s[:10000], len(s)))
-                    continue
-                self.emit(rec)
-                n += 1
-                continue
-            parser = self._step_parsers.setdefault("log", StepLogParser())
-            for fw, f in parser.feed(line):
-                rec = self._step_from_log(fw, f)
-                if rec is not None:
-                    self.emit(rec)
-                    n += 1
-        return n
-
-    def _step_from_log(self, fw: str, f: dict[str, Any]) -> StepTiming | None:
-        dur = step_fields_duration(f)
-        step = f.get("iteration", f.get("step", f.get("global_step")))
-        if dur is None or step is None:
-            return None  # a line without a step time (DeepSpeed lr lines...) is not a timing
-        loss = f.get("lm_loss", f.get("loss"))
-        return StepTiming(ts=self.clock(), job=self.job or "", rank=0, node=self.node, step=int(step), duration_s=float(dur),
-                          loss=float(loss) if isinstance(loss, (int, float)) else None,
-                          grad_norm=float(f["grad_norm"]) if isinstance(f.get("grad_norm"), (int, float)) else None)
-
-    # ------------------------------------------------------------------ threads
-    def _events_loop(self) -> None:
-        backend = self._nvml
-        assert backend is not None
-        while not self._stop.is_set():
-            try:
-                events = backend.wait_events(1.0)
-            except Exception as exc:  # noqa: BLE001 - an event failure must not kill sampling
-                self._say_once("nvml.events", logging.WARNING, "nvml events stopped: %s", exc)
-                return
-            for ev in events:
-                self._on_nvml_event(ev)
-
-    def _on_nvml_event(self, ev: NvmlEvent) -> None:
-        if ev.kind == "xid":
-            text = f"NVML event: Xid {ev.xid} on GPU {ev.gpu} (PCI:{ev.pci_bus}). {ev.detail}".strip()
-            self.emit(KernelEvent(ev.ts, self.node, "xid", text, text, ev.xid, _pci(ev.pci_bus), ev.gpu,
-                                  fields={"via": "nvml_event"}))
-        elif ev.kind == "gpu_lost":
-            text = f"NVML event: GPU {ev.gpu} (PCI:{ev.pci_bus}) has fallen off the bus ({ev.detail or 'GPU is lost'})."
-            self.emit(KernelEvent(ev.ts, self.node, "fell_off_bus", text, text, None, _pci(ev.pci_bus), ev.gpu,
-                                  fields={"via": "nvml_event"}))
-        self._sample_now.set()  # the counters that go with the event, without waiting a full interval
-
-    def _stacks_loop(self) -> None:
-        from faultlens.stream.bus import Consumer
-
-        consumer = None
-        backoff = 1.0
-        while not self._stop.is_set():
-            if consumer is None:
-                try:
-                    consumer = Consumer(self.config.bus, ["commands"], group_id=f"faultlens-agent-{self.node}",
-                                        bootstrap=self.bootstrap, from_beginning=False)
-                    backoff = 1.0
-                except (BusError, OSError) as exc:
-                    self._set_state("stacks", "error", f"commands consumer: {exc}")
-                    self._stop.wait(backoff)
-                    backoff = min(30.0, backoff * 2)
-                    continue
-            try:
-                msgs = consumer.poll(timeout_ms=500)
-            except BusError as exc:
-                self._set_state("stacks", "error", str(exc))
-                consumer.close()
-                consumer = None
-                continue
-            if consumer.raw.assignment():
-                if self.health["stacks"].state != "ok":
-                    self._set_state("stacks", "ok", "listening on commands")
-                self.health["stacks"].last_success_ts = time.time()
-            for m in msgs:
-                self._on_command(m.value)
-            if msgs:
-                try:
-                    consumer.commit()
-                except BusError:
-                    pass
-        if consumer is not None:
-            consumer.close()
-
-    def _on_command(self, value: bytes) -> None:
-        try:
-            cmd: Command = schema.decode("commands", value)
-        except SchemaError as exc:
-            self._parse_failure("stacks")
-            log.warning("a command that does not decode: %s", exc)
-            return
-        if cmd.kind != "dump_stacks" or (cmd.nodes and self.node not in cmd.nodes) or cmd.id in self._seen_commands:
-            return
-        self._seen_commands.add(cmd.id)
-        t0 = time.monotonic()
-        try:
-            dumps = self.stacks_provider(cmd.job, self.node, cmd.id)
-        except Exception as exc:  # noqa: BLE001 - report it, as a dump with an error
-            dumps = [StackDump(self.clock(), cmd.job, self.node, None, None, "", cmd.id, f"stack collection failed: {exc}")]
-        if not dumps:
-            dumps = [StackDump(self.clock(), cmd.job, self.node, None, None, "", cmd.id,
-                               f"no training process of job {cmd.job} found on {self.node}")]
-        for d in dumps:
-            self.emit(d)
-        failed = sum(1 for d in dumps if d.error)
-        self._success("stacks", records=len(dumps))
-        log.info("dump_stacks %s for job %s: %d dumps (%d failed) in %.1f s", cmd.id, cmd.job, len(dumps), failed,
-                 time.monotonic() - t0)
 
     # ------------------------------------------------------------------ health, stop
     def log_health(self) -> None:
@@ -653,36 +379,41 @@ class Agent:
         m["spool_dropped"].set(self.spool.dropped_records)
         m["spool_spooled"].set(self.spool.spooled_records)
 
+    def _checkpoint_positions(self) -> None:
+        """Save the followers' positions once every record of the lines read so far is sent or spooled.
+
+        A position saved while records of its lines still wait in memory loses them at a
+        kill -9 (the restarted agent starts after them); one saved long after they went
+        out makes the restarted agent read and send those lines again. So it is saved
+        right after a delivery leaves nothing queued and no parser holds a record.
+        """
+        if self.delivery.pending() or self._holding_a_record():
+            return
+        self._save_positions()
+
     def _save_positions(self) -> None:
-        state = {n: f.state() for n, f in self._followers.items() if isinstance(f, FileFollower)}
+        state = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        if state == self._saved_positions:
+            return
+        self._saved_positions = state
         try:
             tmp = self._positions_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(state))
             os.replace(tmp, self._positions_path)
         except OSError as exc:
-            self._say_once("positions", logging.WARNING, "cannot save follower positions: %s", exc)
+            self.say_once("positions", logging.WARNING, "cannot save follower positions: %s", exc)
 
     def shutdown(self) -> None:
         self._stop.set()
-        for name, p in self._parsers.items():
-            self._ship(name, p, p.flush() if self.ship_ordinary else p.finish())
-        for t in self._threads:
-            t.join(timeout=5)
+        for src in self._sources:
+            src.drain()
         self.delivery.close()
         self._save_positions()
-        for f in self._followers.values():
-            f.close()
-        if self._nvml is not None:
+        for src in self._sources:
             try:
-                self._nvml.close()
-            except Exception:  # noqa: BLE001
-                pass
+                src.close()
+            except Exception as exc:  # noqa: BLE001 - one source's close must not keep the others open
+                log.warning("source %s: close failed: %s", src.name, exc)
         if self._metrics_server is not None:
             self._metrics_server.stop()
         self.log_health()
-
-
-def _pci(bus: str) -> str | None:
-    from faultlens.collectors.kernel import normalize_pci
-
-    return normalize_pci(bus) if bus else None

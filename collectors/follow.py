@@ -26,8 +26,10 @@ import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from faultlens.collectors.kernel import parse_journal_entry
+from faultlens.collectors.sources import RESCAN_S, FollowedSource
 from faultlens.errors import NoData, SourceError
 
 READ_CHUNK = 1 << 20
@@ -389,3 +391,114 @@ class JournalReader:
         for s in (self.proc.stdout, self.proc.stderr):
             if s is not None:
                 s.close()
+
+
+# ---------------------------------------------------------------- agent sources
+# A followed log is a source: a follower delivers lines, a parser (kernel, NCCL) turns
+# them into records, the agent ships what is not ordinary. The "kernel" and "nccl"
+# sources are registered by their parser modules (collectors/kernel.py, nccl.py).
+KERNEL_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
+# A record held for its continuation lines is shipped once its log has been quiet this
+# long: printk and NCCL write a record's lines together, so a short wait suffices.
+RECORD_QUIET_S = 0.1
+
+
+class LogSource(FollowedSource):
+    """A followed log parsed by a kernel/NCCL parser (``feed_many``, ``finish``, ``kinds``)."""
+
+    def __init__(self, agent: Any, options: dict[str, Any], name: str, parser: Any, record_cls: Any):
+        super().__init__(agent, options)
+        self.name = name
+        self.parser = parser
+        self.record_cls = record_cls
+        self._last_line = 0.0
+
+    def feed(self, lines: list[str], now: float) -> int:
+        self._last_line = now
+        return self.agent.ship_log_lines(self.name, self.parser, lines, self._unparsed)
+
+    def _unparsed(self, line: str, exc: Exception) -> Any:
+        """A line the parser failed on, kept as an ``unparsed`` record with the reason."""
+        return self.record_cls(ts=self.agent.clock(), node=self.agent.node, kind="unparsed", raw=line, message=line,
+                               fields={"parse_error": f"{type(exc).__name__}: {exc}"[:300]})
+
+    def idle(self, now: float) -> None:
+        if now - self._last_line >= RECORD_QUIET_S:
+            self._last_line = now
+            self.drain()
+
+    def holding(self) -> bool:
+        return getattr(self.parser, "_pending", None) is not None
+
+    def drain(self) -> None:
+        p = self.parser
+        n = self.agent.ship_parsed(self.name, p, p.flush() if self.agent.ship_ordinary else p.finish())
+        if n:
+            self.agent.success(self.name, records=n)
+
+
+class KernelLogSource(LogSource):
+    """The kernel log: /dev/kmsg, the journal or a file (``agent.kernel_follow``), parsed by KernelParser."""
+
+    def open_reader(self, positions: dict[str, Any]) -> tuple[Any, str] | None:
+        src = self.options.get("path") or self.agent.config.agent.kernel_follow
+        from_end = self.agent.from_end
+        tried: list[str] = []
+        if src in ("auto", "kmsg"):
+            try:
+                return KmsgReader("/dev/kmsg", from_end=from_end), "/dev/kmsg"
+            except NoData as exc:
+                tried.append(str(exc))
+                if src == "kmsg":
+                    raise
+        if src in ("auto", "journal"):
+            try:
+                return JournalReader(), "journalctl -k -f"
+            except NoData as exc:
+                tried.append(str(exc))
+                if src == "journal":
+                    raise
+        if src == "auto":
+            path = next((p for p in KERNEL_FILES if os.access(p, os.R_OK)), None)
+            if path is None:
+                raise NoData("no readable kernel log: " + "; ".join(tried + [f"none of {', '.join(KERNEL_FILES)}"]))
+            src = path
+        if not os.path.exists(src) and not _HAS_MAGIC.search(src):
+            self.agent.say_once("kernel.missing", 30, "kernel: %s does not exist yet; waiting for it", src)
+        f = FileFollower(src, from_end=from_end, rescan_interval_s=RESCAN_S)
+        f.restore(positions)
+        return f, src
+
+    def poll(self, now: float) -> None:
+        if not self.parser.gpu_map and self.agent.gpu_map:
+            self.parser.gpu_map = dict(self.agent.gpu_map)  # PCI bus -> GPU index, once NVML has answered
+        super().poll(now)
+
+
+def boot_time() -> float | None:
+    """Unix time of boot (/proc/stat btime): turns dmesg/kmsg uptimes into timestamps."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def kernel_log_source(agent: Any, options: dict[str, Any]) -> KernelLogSource:
+    """The agent's ``kernel`` source (options: ``path`` overrides ``agent.kernel_follow``)."""
+    from faultlens.collectors.kernel import KernelParser
+    from faultlens.stream.schema import KernelEvent
+
+    return KernelLogSource(agent, options, "kernel", KernelParser(agent.node, boot_time=boot_time()), KernelEvent)
+
+
+def nccl_log_source(agent: Any, options: dict[str, Any]) -> LogSource:
+    """The agent's ``nccl`` source (options: ``glob`` overrides ``agent.nccl_glob``)."""
+    from faultlens.collectors.nccl import NcclParser
+    from faultlens.stream.schema import NcclEvent
+
+    opts = {"glob": agent.config.agent.nccl_glob, **options}
+    return LogSource(agent, opts, "nccl", NcclParser(agent.node, job=agent.job), NcclEvent)

@@ -468,3 +468,16 @@ def parse_journal_entry(entry: Mapping[str, object]) -> str:
     iso = dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
     host = entry.get("_HOSTNAME") or "localhost"
     return f"{iso} {host} kernel: {msg}"
+
+
+from faultlens.collectors.sources import register_source  # noqa: E402 - the agent's source registry
+
+
+def _agent_source(agent: object, options: dict[str, object]) -> object:
+    """The agent's ``kernel`` source: the kernel log followed (collectors/follow.py), parsed here."""
+    from faultlens.collectors.follow import kernel_log_source
+
+    return kernel_log_source(agent, options)
+
+
+register_source("kernel", _agent_source)

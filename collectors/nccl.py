@@ -340,3 +340,16 @@ class NcclParser(FastPathParser):
             exception=p.exception,
             fields=fields,
         )
+
+
+from faultlens.collectors.sources import register_source  # noqa: E402 - the agent's source registry
+
+
+def _agent_source(agent: object, options: dict[str, object]) -> object:
+    """The agent's ``nccl`` source: NCCL/torch logs followed (collectors/follow.py), parsed here."""
+    from faultlens.collectors.follow import nccl_log_source
+
+    return nccl_log_source(agent, options)
+
+
+register_source("nccl", _agent_source)

@@ -16,11 +16,13 @@ calls it from its event thread. ``NVMLError_Timeout`` means no event.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 from faultlens.collectors.nvml_backend import NvmlEvent
-from faultlens.errors import NoData, SourceError
+from faultlens.collectors.sources import register_source
+from faultlens.errors import FaultlensError, NoData, SourceError
 from faultlens.stream.schema import GpuState
 
 log = logging.getLogger(__name__)
@@ -313,3 +315,112 @@ def _same_handle(a: Any, b: Any) -> bool:
         return cast(a, c_void_p).value == cast(b, c_void_p).value
     except (TypeError, ValueError):  # plain objects (a fake pynvml)
         return a is b or a == b
+
+
+class NvmlSource:
+    """The agent's ``nvml`` source: a sample of every GPU each ``agent.nvml_interval_s``,
+    plus NVML's own events (Xid, lost GPU) from a thread that blocks on them.
+
+    Options: ``backend`` (an ``NvmlBackend``; default the real ``PynvmlBackend``).
+    """
+
+    name = "nvml"
+
+    def __init__(self, agent: Any, options: dict[str, Any]):
+        self.agent = agent
+        self.backend = options.get("backend")
+        self.interval_s = agent.config.agent.nvml_interval_s
+        self._open: Any = None
+        self._next_sample = 0.0
+        self._sample_now = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, positions: dict[str, Any]) -> None:
+        backend = self.backend if self.backend is not None else PynvmlBackend()
+        try:
+            backend.open()
+        except NoData as exc:
+            self.agent.say_once("nvml.nodata", logging.WARNING, "nvml: no data on this host: %s; the other sources go on", exc)
+            self.agent.set_state("nvml", "no_data", str(exc))
+            return
+        except FaultlensError as exc:
+            self.agent.set_state("nvml", "error", str(exc))
+            return
+        self._open = backend
+        self.agent.set_state("nvml", "ok", f"{backend.device_count()} GPUs")
+        self._thread = threading.Thread(target=self._events_loop, name="faultlens-nvml-events", daemon=True)
+        self._thread.start()
+
+    def poll(self, now: float) -> None:
+        if self._open is not None and (now >= self._next_sample or self._sample_now.is_set()):
+            self._sample_now.clear()
+            self._next_sample = now + self.interval_s
+            self._sample()
+
+    def _sample(self) -> None:
+        from faultlens.stream.schema import GpuSample
+
+        agent = self.agent
+        try:
+            gpus = self._open.read()
+        except NoData as exc:
+            agent.set_state("nvml", "no_data", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a backend bug must not stop the other sources
+            agent.set_state("nvml", "error", f"{type(exc).__name__}: {exc}")
+            return
+        agent.emit_many([GpuSample(agent.clock(), agent.node, gpus, agent.job)])
+        lost = [g.index for g in gpus if g.lost]
+        agent.set_state("nvml", "ok", f"{len(gpus)} GPUs" + (f", lost: {lost}" if lost else ""))
+        agent.success("nvml", records=1)
+        if not agent.gpu_map:
+            from faultlens.collectors.kernel import normalize_pci
+
+            agent.gpu_map.update({normalize_pci(g.pci_bus): g.index for g in gpus if g.pci_bus})
+
+    def _events_loop(self) -> None:
+        backend = self._open
+        while not self.agent.stop_event.is_set():
+            try:
+                events = backend.wait_events(1.0)
+            except Exception as exc:  # noqa: BLE001 - an event failure must not kill sampling
+                self.agent.say_once("nvml.events", logging.WARNING, "nvml events stopped: %s", exc)
+                return
+            for ev in events:
+                self.on_event(ev)
+
+    def on_event(self, ev: NvmlEvent) -> None:
+        """An NVML event becomes a kernel record (as the driver's own line would) and a prompt sample."""
+        from faultlens.collectors.kernel import normalize_pci
+        from faultlens.stream.schema import KernelEvent
+
+        pci = normalize_pci(ev.pci_bus) if ev.pci_bus else None
+        if ev.kind == "xid":
+            text = f"NVML event: Xid {ev.xid} on GPU {ev.gpu} (PCI:{ev.pci_bus}). {ev.detail}".strip()
+            self.agent.emit_many([KernelEvent(ev.ts, self.agent.node, "xid", text, text, ev.xid, pci, ev.gpu,
+                                              fields={"via": "nvml_event"})])
+        elif ev.kind == "gpu_lost":
+            text = f"NVML event: GPU {ev.gpu} (PCI:{ev.pci_bus}) has fallen off the bus ({ev.detail or 'GPU is lost'})."
+            self.agent.emit_many([KernelEvent(ev.ts, self.agent.node, "fell_off_bus", text, text, None, pci, ev.gpu,
+                                              fields={"via": "nvml_event"})])
+        self._sample_now.set()  # the counters that go with the event, without waiting a full interval
+
+    def holding(self) -> bool:
+        return False
+
+    def positions(self) -> dict[str, Any] | None:
+        return None
+
+    def drain(self) -> None:
+        if self._thread is not None:  # the agent has set stop: the thread ends within a second
+            self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        if self._open is not None:
+            try:
+                self._open.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+register_source("nvml", NvmlSource)

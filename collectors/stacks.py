@@ -8,15 +8,22 @@ timeout; a timeout, missing ptrace permission or a missing py-spy is reported in
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from faultlens.collectors.sources import register_source
 from faultlens.stream.schema import StackDump
+
+log = logging.getLogger(__name__)
 
 PYSPY_THREAD_RE = re.compile(r"^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:active|idle|gil)[^)]*\)", re.M)
 PYSPY_PROCESS_RE = re.compile(r"^Process \d+: ", re.M)
@@ -85,7 +92,7 @@ def training_processes(job: str | None = None, table: dict[int, Proc] | None = N
 def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: float = 20.0,
                request_id: str | None = None, pyspy: str | None = None) -> StackDump:
     """``py-spy dump --pid`` of one process; failures become ``StackDump.error``."""
-    exe = pyspy or shutil.which("py-spy") or str(Path(os.sys.executable).parent / "py-spy")
+    exe = pyspy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     ts = time.time()
     try:
         res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s)
@@ -112,3 +119,116 @@ def dump_job(job: str, node: str, *, timeout_s: float = 20.0, request_id: str | 
     """Stack dumps of every training process of ``job`` on this node."""
     return [dump_stack(p.pid, job=job, node=node, rank=p.rank, timeout_s=timeout_s, request_id=request_id)
             for p in training_processes(job)]
+
+
+class StacksSource:
+    """The agent's ``stacks`` source: answers ``dump_stacks`` commands for this node.
+
+    A thread consumes the ``commands`` topic (its own consumer group per node) and
+    dumps the job's training processes with py-spy. Options: ``provider``, a
+    ``(job, node, request_id) -> list[StackDump]`` (default ``dump_job``).
+    """
+
+    name = "stacks"
+
+    def __init__(self, agent: Any, options: dict[str, Any]):
+        self.agent = agent
+        self.provider = options.get("provider") or _dump_job_provider
+        self._seen: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def start(self, positions: dict[str, Any]) -> None:
+        self._thread = threading.Thread(target=self._loop, name="faultlens-stacks", daemon=True)
+        self._thread.start()
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def _loop(self) -> None:
+        from faultlens.errors import BusError
+        from faultlens.stream.bus import Consumer
+
+        agent = self.agent
+        stop = agent.stop_event
+        consumer = None
+        backoff = 1.0
+        while not stop.is_set():
+            if consumer is None:
+                try:
+                    consumer = Consumer(agent.config.bus, ["commands"], group_id=f"faultlens-agent-{agent.node}",
+                                        bootstrap=agent.bootstrap, from_beginning=False)
+                    backoff = 1.0
+                except (BusError, OSError) as exc:
+                    agent.set_state("stacks", "error", f"commands consumer: {exc}")
+                    stop.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+            try:
+                msgs = consumer.poll(timeout_ms=500)
+            except BusError as exc:
+                agent.set_state("stacks", "error", str(exc))
+                consumer.close()
+                consumer = None
+                continue
+            if consumer.raw.assignment():
+                if agent.health["stacks"].state != "ok":
+                    agent.set_state("stacks", "ok", "listening on commands")
+                agent.health["stacks"].last_success_ts = time.time()
+            for m in msgs:
+                self.on_command(m.value)
+            if msgs:
+                try:
+                    consumer.commit()
+                except BusError:
+                    pass
+        if consumer is not None:
+            consumer.close()
+
+    def on_command(self, value: bytes) -> None:
+        """Answer one ``commands`` message if it asks this node for stacks (once per command id)."""
+        from faultlens.errors import SchemaError
+        from faultlens.stream import schema
+
+        agent = self.agent
+        try:
+            cmd = schema.decode("commands", value)
+        except SchemaError as exc:
+            agent.parse_failure("stacks")
+            log.warning("a command that does not decode: %s", exc)
+            return
+        if cmd.kind != "dump_stacks" or (cmd.nodes and agent.node not in cmd.nodes) or cmd.id in self._seen:
+            return
+        self._seen.add(cmd.id)
+        t0 = time.monotonic()
+        try:
+            dumps = self.provider(cmd.job, agent.node, cmd.id)
+        except Exception as exc:  # noqa: BLE001 - report it, as a dump with an error
+            dumps = [StackDump(agent.clock(), cmd.job, agent.node, None, None, "", cmd.id, f"stack collection failed: {exc}")]
+        if not dumps:
+            dumps = [StackDump(agent.clock(), cmd.job, agent.node, None, None, "", cmd.id,
+                               f"no training process of job {cmd.job} found on {agent.node}")]
+        agent.emit_many(dumps)
+        failed = sum(1 for d in dumps if d.error)
+        agent.success("stacks", records=len(dumps))
+        log.info("dump_stacks %s for job %s: %d dumps (%d failed) in %.1f s", cmd.id, cmd.job, len(dumps), failed,
+                 time.monotonic() - t0)
+
+    def holding(self) -> bool:
+        return False
+
+    def positions(self) -> dict[str, Any] | None:
+        return None
+
+    def drain(self) -> None:
+        if self._thread is not None:  # the agent has set stop: the thread ends within a second
+            self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        pass
+
+
+def _dump_job_provider(job: str, node: str, request_id: str) -> list[StackDump]:
+    return dump_job(job, node, request_id=request_id)
+
+
+register_source("stacks", StacksSource)

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from faultlens.collectors.sources import FollowedSource, register_source  # standard library only
+
 try:  # import-light: orjson only when present
     import orjson as _orjson
 
@@ -290,3 +292,70 @@ class StepLogParser:
     def flush(self) -> list[tuple[str, dict[str, Any]]]:
         held, self._held = self._held, None
         return [held] if held else []
+
+
+class StepsSource(FollowedSource):
+    """The agent's ``steps`` source: StepReporter JSON lines and framework step-log lines.
+
+    Options: ``glob`` (overrides ``agent.steps_glob``). A JSON line that does not decode
+    is counted and dead-lettered with its reason; a framework line without a step time
+    (DeepSpeed's lr lines...) is not a timing and is skipped.
+    """
+
+    name = "steps"
+
+    def __init__(self, agent: Any, options: dict[str, Any]):
+        super().__init__(agent, {"glob": agent.config.agent.steps_glob, **options})
+        self._log_parser: StepLogParser | None = None
+
+    def feed(self, lines: list[str], now: float) -> int:
+        import orjson
+
+        from faultlens.errors import SchemaError
+        from faultlens.stream import schema, topics
+
+        agent = self.agent
+        records: list[Any] = []
+        for line in lines:
+            s = line.strip()
+            if not s:
+                continue
+            if s.startswith("{"):
+                try:
+                    obj = orjson.loads(s)
+                    if isinstance(obj, dict):
+                        obj.setdefault("v", schema.SCHEMA_VERSION)
+                        obj.setdefault("node", agent.node)
+                    rec = schema.from_dict("steps", obj)
+                except (orjson.JSONDecodeError, SchemaError) as exc:
+                    agent.parse_failure("steps")
+                    reason = exc.reason if isinstance(exc, SchemaError) else "malformed_json"
+                    agent.emit_many([schema.DeadLetter(agent.clock(), topics.topic("steps", agent.config.bus.topic_prefix),
+                                                       -1, -1, reason, str(exc)[:300], agent.node, s[:10000], len(s))])
+                    continue
+                records.append(rec)
+                continue
+            if self._log_parser is None:
+                self._log_parser = StepLogParser()
+            for _fw, f in self._log_parser.feed(line):
+                rec = self._from_log(f)
+                if rec is not None:
+                    records.append(rec)
+        agent.emit_many(records)
+        return len(records)
+
+    def _from_log(self, f: dict[str, Any]) -> Any:
+        from faultlens.stream.schema import StepTiming
+
+        dur = step_fields_duration(f)
+        step = f.get("iteration", f.get("step", f.get("global_step")))
+        if dur is None or step is None:
+            return None
+        loss = f.get("lm_loss", f.get("loss"))
+        agent = self.agent
+        return StepTiming(ts=agent.clock(), job=agent.job or "", rank=0, node=agent.node, step=int(step),
+                          duration_s=float(dur), loss=float(loss) if isinstance(loss, (int, float)) else None,
+                          grad_norm=float(f["grad_norm"]) if isinstance(f.get("grad_norm"), (int, float)) else None)
+
+
+register_source("steps", StepsSource)

@@ -7,8 +7,12 @@ file, asking NVML questions of ``SimulatedNvml`` and answering ``dump_stacks``
 commands with the scenario's py-spy dumps. Everything therefore reaches Kafka
 through the same parsers, spool and producer as on a real GPU node.
 
-A demo is a sequence of *segments*: one scenario each (one job attempt), played
-back to back so that a fault that stops the job does not hide the next one.
+A demo is a small fleet: one scenario per fault, each its own job on its own
+disjoint block of machines (named rack-style, ``n101``-``n103`` for the first job's
+rack, ``n201``... for the next), with a machine or more left spare. Jobs overlap in
+time (see ``demo_segments``); a job's fault comes one segment after the previous
+job's, and a job ends within a segment of its fault (the runner has stopped it by
+then), so each incident names a machine of its own job and a node never runs two.
 """
 
 from __future__ import annotations
@@ -40,19 +44,44 @@ DEMO_FAULTS: tuple[tuple[str, int, int | None], ...] = (
 )
 
 
+def demo_fleet(nodes: int, jobs: int) -> tuple[int, int]:
+    """(machines per job, spare machines) for a fleet of ``nodes`` running ``jobs`` jobs.
+
+    One machine stays spare when the fleet allows (a real fleet keeps some for
+    replacements); every job gets the same share, at least one machine.
+    """
+    jobs = max(1, jobs)
+    if nodes < jobs:
+        raise ValueError(f"{nodes} nodes cannot run {jobs} jobs on machines of their own")
+    per_job = max(1, (nodes - 1) // jobs)
+    return per_job, nodes - per_job * jobs
+
+
 def demo_segments(nodes: int = 16, *, segment_s: float = 300.0, onset_s: float = 90.0, seed: int = 7,
                   start_ts: float | None = None, faults: Iterable[tuple[str, int, int | None]] = DEMO_FAULTS,
                   job_prefix: str = "llm-pretrain") -> list[Scenario]:
-    """One scenario per fault, back to back in simulated time, each its own job attempt."""
+    """One job per fault on disjoint machines, overlapping in time.
+
+    Job ``i`` (from 0) gets its fault at ``i * segment_s + onset_s`` after ``start_ts`` and
+    ends at ``(i + 1) * segment_s``; it starts one segment before the previous job's end
+    (``(i - 1) * segment_s``, the first two at once), so two or three jobs run at any time
+    and none runs long healthy stretches for nothing. The fault's node index is taken
+    within the job's own machines.
+    """
     start = time.time() if start_ts is None else start_ts
+    faults = tuple(faults)
+    per_job, _ = demo_fleet(nodes, len(faults))
     out = []
     for i, (kind, node_idx, gpu) in enumerate(faults):
-        cluster = ClusterSpec.for_nodes(nodes, 8, job=f"{job_prefix}-a{i + 1}")
-        node = cluster.node_names[node_idx % nodes]
+        # Rack-style names keep each job's machines apart: job 1 on n101.., job 2 on n201..
+        cluster = ClusterSpec.for_nodes(per_job, 8, job=f"{job_prefix}-{i + 1}", node_fmt=f"n{i + 1}{{:02d}}")
+        node = cluster.node_names[node_idx % per_job]
+        begin = max(0, i - 1) * segment_s
         spec = ScenarioSpec(
-            name=f"demo-{i + 1}-{kind}", seed=seed + i, cluster=cluster, duration_s=segment_s,
-            start_ts=start + i * segment_s, kernel_format="iso", startup_s=10.0,
-            faults=(FaultSpec(kind=kind, id=f"f{i + 1}", onset_s=onset_s, node=node, gpu=gpu),),
+            name=f"demo-{i + 1}-{kind}", seed=seed + i, cluster=cluster, duration_s=(i + 1) * segment_s - begin,
+            start_ts=start + begin, kernel_format="iso", startup_s=10.0,
+            faults=(FaultSpec(kind=kind, id=f"f{i + 1}", onset_s=i * segment_s + onset_s - begin, node=node,
+                              gpu=gpu),),
         )
         out.append(Scenario(spec))
     return out
@@ -73,6 +102,10 @@ class LiveCluster:
         agent = dataclasses.replace(
             self.config.agent, node=node, job=job, spool_dir=str(self.workdir / "spool" / node),
             nvml_interval_s=max(0.05, self.config.agent.nvml_interval_s / self.speed),
+            # The send limiter holds periodic telemetry this long in real time; scaled like NVML's
+            # interval so that one job's steps do not lag another job's log lines by minutes of
+            # simulated time (a false "no step progress" on a busy machine).
+            min_send_interval_s=self.config.agent.min_send_interval_s / self.speed,
             health_interval_s=3600.0,
         )
         return dataclasses.replace(self.config, agent=agent)
@@ -125,6 +158,8 @@ class LiveCluster:
         """Answer dump_stacks with the scenario's py-spy dumps of the node's ranks."""
 
         def provide(job: str, node: str, request_id: str) -> list[StackDump]:
+            if job != scenario.cluster.job:
+                return []  # no process of that job runs here (the agent says so, as on a real node)
             _, dumps = scenario.stacks()
             ranks = [r for r in scenario.topology.ranks_on(node)]
             now = clock()
@@ -135,6 +170,23 @@ class LiveCluster:
         return provide
 
     def run(self, scenarios: Iterable[Scenario], stop: threading.Event) -> None:
-        for scenario in scenarios:
-            if not self.play(scenario, stop):
-                return
+        """Play the jobs side by side (each on its own machines), each from its own start time.
+
+        All jobs share one simulated time line: a job that starts later in simulated time
+        starts that much later in real time (divided by ``speed``).
+        """
+        scenarios = list(scenarios)
+        t0 = min((sc.start_ts for sc in scenarios), default=0.0)
+
+        def play_later(sc: Scenario) -> None:
+            if not stop.wait((sc.start_ts - t0) / self.speed):
+                self.play(sc, stop)
+
+        threads = [threading.Thread(target=play_later, args=(sc,), name=f"job-{sc.cluster.job}", daemon=True)
+                   for sc in scenarios]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive() and not stop.is_set():
+                t.join(timeout=0.5)
+            t.join(timeout=15)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from faultlens.errors import ConfigError
+from faultlens.errors import ConfigError, Refused  # noqa: F401 - Refused re-exported for the adapters
 from faultlens.stream.schema import Action
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,7 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 STDERR_TAIL_CHARS = 2000
 
 
-class Refused(Exception):
-    """The action cannot be carried out safely or at all by this adapter; nothing runs."""
+# Refused lives in the one exception tree (faultlens.errors); adapters import it from here too.
 
 
 @dataclass(frozen=True, slots=True)

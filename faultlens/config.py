@@ -92,8 +92,6 @@ class DiagnosisConfig:
     burst_gap_s: float = 180.0
     network_alerts_to_evict: int = 2
     network_window_s: float = 300.0
-    stack_rounds: int = 5
-    stack_round_interval_s: float = 10.0
     hang_no_progress_s: float = 600.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -228,7 +226,7 @@ def _apply(sections: dict[str, dict[str, Any]], section: str, key: str, value: A
     sec_fields = {f.name: f for f in dataclasses.fields(Config)}
     if section not in sec_fields:
         raise ConfigError(f"unknown section [{section}]; known: {', '.join(sec_fields)}", file=where, key=section)
-    cls = sec_fields[section].default_factory  # type: ignore[misc]
+    cls: Any = sec_fields[section].default_factory
     hints = typing.get_type_hints(cls)
     if key not in hints:
         raise ConfigError(f"unknown key in [{section}]; known: {', '.join(hints)}", file=where, key=f"{section}.{key}")
@@ -284,8 +282,8 @@ def load_config(
         if value is not None:
             section, _, key = dotted.partition(".")
             _apply(sections, section, key, value, "command line")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for sec in dataclasses.fields(Config):
-        cls = sec.default_factory  # type: ignore[misc]
+        cls: Any = sec.default_factory  # every section is a dataclass built by its default factory
         kwargs[sec.name] = cls(**sections.get(sec.name, {}))
     return Config(**kwargs)

@@ -15,7 +15,8 @@ node, rank, topic, offset)::
     ├── ModelError           learned models
     │   ├── NotFittedError   predict before fit
     │   └── FeatureMismatch  missing features, or a model from another feature set
-    ├── ActionError          a runner adapter could not execute an action
+    ├── ActionError          remediation actions
+    │   └── Refused          the runner will not carry out an action (unsafe, unsupported); nothing ran
     └── LakeError            the Parquet lake or a DuckDB catalog
 """
 
@@ -82,7 +83,11 @@ class FeatureMismatch(ModelError):
 
 
 class ActionError(FaultlensError):
-    pass
+    """Remediation actions: the runner and its adapters."""
+
+
+class Refused(ActionError):
+    """The action cannot be carried out safely or at all by this adapter; nothing runs."""
 
 
 class LakeError(FaultlensError):

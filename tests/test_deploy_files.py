@@ -53,3 +53,19 @@ def test_the_systemd_unit_keeps_secrets_out_of_the_unit() -> None:
     assert "EnvironmentFile=-/etc/faultlens/agent.env" in unit
     assert not re.search(r"^Environment=.*PASSWORD", unit, re.M)
     assert "CAP_SYSLOG" in unit and "CAP_SYS_PTRACE" in unit
+
+
+def test_every_folder_inside_a_package_is_declared_so_the_install_is_quiet() -> None:
+    """setuptools warns (a BuildBackendWarning wall per folder) for an undeclared data folder."""
+    import tomllib
+
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(tool["packages"])
+    roots = tool["package-dir"]
+    found = set()
+    for name, folder in roots.items():
+        for sub in (REPO / folder).rglob("*"):
+            if sub.is_dir() and "__pycache__" not in sub.parts and any(sub.iterdir()):
+                rel = sub.relative_to(REPO / folder)
+                found.add(".".join([name, *rel.parts]))
+    assert found - declared == set(), f"add to [tool.setuptools] packages: {sorted(found - declared)}"

@@ -24,13 +24,16 @@ from faultlens.stream.bus import Consumer, ensure_topics
 from faultlens.supervise import Supervisor
 
 # (fault kind, expected action type or None, culprit node for evictions). The live
-# command places the i-th fault on node index (i*5+3) mod nodes (4 nodes: n004, n001,
-# n002, n003). A hang evicts the demarcated parallel group, which holds the culprit.
+# command runs one job per fault on machines of its own (9 nodes: 4 jobs of 2, one
+# spare; job i on n<i>01, n<i>02) and places the i-th fault on the job's machine
+# (i*5+3) mod 2 (n102, n201, n302, n401). A hang evicts the demarcated parallel group,
+# which holds the culprit.
+NODES = 9
 SEQUENCE = [
-    ("gpu_lost", "evict_nodes", "n004"),
+    ("gpu_lost", "evict_nodes", "n102"),
     ("user_exception", "rollback_code", None),
     ("ib_flap_transient", None, None),
-    ("hang_stuck_rank", "evict_nodes", "n003"),
+    ("hang_stuck_rank", "evict_nodes", "n401"),
 ]
 
 
@@ -67,8 +70,8 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap)
         ensure_topics(bus)
-        # A 4-node job: let a hang's over-eviction take half of it (the default 25% blast
-        # radius would rightly turn the 2-machine group into a notify).
+        # 2-node jobs: let an eviction take half of one (the default 25% blast radius
+        # would rightly turn a 1-of-2-machine eviction into a notify).
         sup = Supervisor(tmp_path, {**service_env(tmp_path, broker.bootstrap),
                                     "FAULTLENS_GUARD_MAX_EVICTED_FRACTION": "0.5",
                                     "FAULTLENS_LAKE_METRICS_PORT": str(stream_port),
@@ -79,7 +82,7 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
         actions: dict[str, dict] = {}
         statuses: dict[str, str] = {}
         try:
-            start_pipeline(sup, nodes=4, speed=50.0, segment=420.0, workdir=tmp_path,
+            start_pipeline(sup, nodes=NODES, speed=50.0, segment=420.0, workdir=tmp_path,
                            faults=[k for k, _, _ in SEQUENCE])
             cluster = sup.children[-1]
             deadline = time.monotonic() + 180
@@ -104,17 +107,17 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
             sup.stop()
 
     by_job = {a["job"]: a for a in actions.values()}
-    hang_job = f"llm-pretrain-a{len(SEQUENCE)}"
+    hang_job = f"llm-pretrain-{len(SEQUENCE)}"
     hang = [a for a in actions.values() if a["job"] == hang_job]
-    assert len(hang) == 1 and hang[0]["type"] == "evict_nodes" and "n003" in hang[0]["nodes"], [
+    assert len(hang) == 1 and hang[0]["type"] == "evict_nodes" and "n401" in hang[0]["nodes"], [
         (a["type"], a["nodes"], a["reason"]) for a in hang]
     assert hang[0]["plan"]["outliers"], "the eviction names the outlier ranks it demarcated"
     got = sorted((a["job"], a["type"], tuple(a["nodes"])) for a in actions.values() if a["job"] != hang_job)
     reasons = [(a["job"], a["type"], a["reason"][:160]) for a in actions.values()]
-    want = sorted((f"llm-pretrain-a{i + 1}", t, (n,) if n else ())
+    want = sorted((f"llm-pretrain-{i + 1}", t, (n,) if n else ())
                   for i, (k, t, n) in enumerate(SEQUENCE) if t and k != "hang_stuck_rank")
     assert got == want, f"actions {got}, expected {want}; reasons {reasons}"
-    assert "llm-pretrain-a3" not in by_job  # a single flap is tolerated
+    assert "llm-pretrain-3" not in by_job  # a single flap is tolerated
     assert all(a["dry_run"] for a in actions.values())
     assert statuses and set(statuses) == set(actions) and set(statuses.values()) == {"dry_run"}
 
@@ -131,7 +134,11 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
     assert "faultlens_incidents_open{" in diag_metrics
     receiver.shutdown()
     alerts = [a for post in _Receiver.posts for a in post["alerts"]]
-    assert any(a["labels"].get("node") == "n004" for a in alerts), alerts[:3]
+    assert any(a["labels"].get("node") == "n102" for a in alerts), alerts[:3]
+    # every action names machines of its own job only (jobs run on disjoint machines)
+    for a in actions.values():
+        job_rack = a["job"].rsplit("-", 1)[1]
+        assert all(n.startswith(f"n{job_rack}") for n in a["nodes"]), (a["job"], a["nodes"])
     n_incidents = con.execute("select count(distinct id) from incidents").fetchone()[0]
     assert n_incidents >= 2
     assert con.execute("select count(*) from gpu").fetchone()[0] > 0

@@ -56,8 +56,30 @@ def test_incident_page_shows_culprit_suspects_evidence_and_actions(app: AppTest)
     assert XID_LINE in frames  # the raw kernel line is shown
     assert "0.98" in frames and "n004" in frames  # both suspects with scores
     assert "dry_run" in frames and "would drain n003" in frames  # runner status
-    assert "synchronize (torch/cuda/__init__.py)" in frames  # the outlier stack group
+    assert "synchronize (torch/cuda/__init__.py:" in frames  # the outlier stack group (diagnosis's fingerprint)
     assert len(app.get("arrow_vega_lite_chart")) + len(app.get("vega_lite_chart")) >= 3
+
+
+def test_incident_page_gives_the_reason_the_incident_recorded(app: AppTest, lake: Path) -> None:
+    """The page's "Why" is the recorded verdict (read here straight from the lake's Parquet), and
+    its evidence table leads with the line diagnosis cited."""
+    import orjson
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(lake / "incidents", format="parquet", partitioning="hive").to_table().to_pylist()
+    record = max((r for r in rows if r["id"] == INCIDENT_ID), key=lambda r: r["updated_ts"])
+    suspects = orjson.loads(record["suspects"])
+    top = max(suspects, key=lambda s: s.get("score") or 0.0)
+    recorded = top.get("reason") or record["summary"] or record["title"]
+    app.query_params["id"] = INCIDENT_ID
+    app.switch_page("app_pages/incident.py").run()
+    assert not app.exception
+    assert app.error[0].value == f"**Why:** {recorded}"
+    cited = [e["text"] for e in orjson.loads(record["evidence"])]
+    evidence = next(d.value for d in app.dataframe if "evidence" in d.value.columns)
+    assert list(evidence["evidence"][: len(cited)]) == [True] * len(cited)
+    assert set(evidence["text"][: len(cited)]) == set(cited) and XID_LINE in cited
+    assert not evidence["evidence"][len(cited):].any()  # context below
 
 
 def test_machine_page_shows_kernel_events_and_history(app: AppTest) -> None:

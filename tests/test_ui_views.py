@@ -84,8 +84,25 @@ def test_topology_grid_marks_culprit_rank_and_evicted_node(con, inc: dict) -> No
 
 def test_stack_groups_put_the_outlier_first(con, inc: dict) -> None:
     groups = views.stack_groups(con, inc)
-    assert groups["count"].to_list() == [1, 31]
-    assert groups["ranks"][0] == "21" and groups["group"][0].startswith("synchronize")
+    assert groups["count"].to_list() == [1, 31] and groups["outlier"].to_list() == [True, False]
+    assert groups["ranks"][0] == "21" and groups["group"][0].startswith("synchronize (torch/cuda/__init__.py")
+
+
+def test_stack_groups_use_diagnosis_fingerprint_and_recorded_outliers(con, inc: dict) -> None:
+    """Groups are diagnosis's own fingerprints; the outlier flag follows the incident's stack verdict."""
+    from faultlens.diagnosis.stacks import fingerprint
+
+    dumps = con.sql("SELECT rank, text FROM stacks WHERE job = ? ORDER BY rank", params=[JOB]).fetchall()
+    by_fp: dict[str, list[int]] = {}
+    for rank, text in dumps:
+        by_fp.setdefault(fingerprint(text), []).append(rank)
+    assert sorted(len(r) for r in by_fp.values()) == views.stack_groups(con, inc)["count"].sort().to_list()
+    # an incident whose recorded verdict names rank 3 (a rank of the big group): that group is the outlier
+    recorded = dict(inc, evidence=[*inc["evidence"], {"ts": inc["opened_ts"], "source": "stacks",
+                                                      "rule": "stacks:aggregate", "text": "",
+                                                      "figures": {"groups": [], "outliers": [3]}}])
+    groups = views.stack_groups(con, recorded)
+    assert groups["outlier"].to_list() == [True, False] and groups["count"][0] == 31
 
 
 def test_step_prediction_explains_workload(con, inc: dict) -> None:
@@ -96,15 +113,30 @@ def test_step_prediction_explains_workload(con, inc: dict) -> None:
     assert per_rank.height == 10
 
 
-def test_huber_fit_ignores_outliers() -> None:
-    import numpy as np
+def test_step_prediction_is_the_predictors_own_model(con, inc: dict) -> None:
+    """The chart's prediction is models.predictor's StepTimePredictor on its own features, not a local fit."""
+    from faultlens.models.predictor import (
+        WORKLOAD_FEATURES,
+        StepTimePredictor,
+        compute_time,
+        workload_row,
+    )
+    from faultlens.stream.schema import StepTiming
 
-    rng = np.random.default_rng(1)
-    x = rng.uniform(0, 100, size=(400, 3))
-    y = 2.0 + x @ np.array([0.5, 0.1, 0.02])
-    y[:20] += 50  # slow steps must not bend the fit
-    b = views._huber_fit(x, y)
-    assert b == pytest.approx([2.0, 0.5, 0.1, 0.02], abs=0.05)
+    onset = float(inc["opened_ts"])
+    rows = con.sql("SELECT * FROM steps WHERE job = ? AND ts BETWEEN ? AND ?",
+                   params=[JOB, onset - 1800, onset]).pl()
+    fields = set(StepTiming.__dataclass_fields__)
+    recs = [StepTiming(**{k: v for k, v in r.items() if k in fields}) for r in rows.iter_rows(named=True)]
+    columns = list(zip(*[workload_row(r) for r in recs], strict=True))
+    model = StepTimePredictor().fit(dict(zip(WORKLOAD_FEATURES, columns, strict=True)), [compute_time(r) for r in recs])
+    per_step, _ = views.step_prediction(con, JOB, onset_ts=onset, fit_rows=len(recs))
+    step0 = per_step.row(0, named=True)
+    same_step = [r for r in recs if r.step == step0["step"]]
+    assert same_step
+    expected = max(float(model.predict({f: [v] for f, v in zip(WORKLOAD_FEATURES, workload_row(r), strict=True)})[0])
+                   for r in same_step)
+    assert step0["predicted_s"] == pytest.approx(expected, rel=1e-3)  # IRLS on rows in another order
 
 
 def test_machine_views(con) -> None:

@@ -24,13 +24,15 @@ def severity_bar(counts: dict[str, int]) -> alt.Chart:
         alt.Chart(frame, title="Open incidents")
         .mark_bar()
         .encode(
-            x=alt.X("incidents:Q", title="open incidents"),
+            # whole incidents on the axis (no 0.2 steps), one band per severity of a fixed height
+            x=alt.X("incidents:Q", title="open incidents", axis=alt.Axis(tickMinStep=1, format="d"),
+                    scale=alt.Scale(domainMin=0, nice=True)),
             y=alt.Y("severity:N", sort=list(SEVERITY_COLOURS), title=None),
             color=alt.Color("severity:N", scale=alt.Scale(domain=list(SEVERITY_COLOURS),
                                                           range=list(SEVERITY_COLOURS.values())), legend=None),
             tooltip=["severity", "incidents"],
         )
-        .properties(height=90)
+        .properties(height=alt.Step(28))
     )
 
 
@@ -81,7 +83,8 @@ def topology_chart(frame: pl.DataFrame) -> alt.LayerChart:
                         title=None),
         tooltip=["rank", "node", "gpu", "tp", "pp", "dp", "cp", "state"],
     )
-    width = int(frame["column"].max() + 1) if frame.height else 1
+    columns: list[int] = frame["column"].to_list()
+    width = max(columns) + 1 if columns else 1
     labels = base.mark_text(fontSize=9 if width <= 64 else 0).encode(text="rank:Q")
     return (cells + labels).properties(height=alt.Step(28), width=alt.Step(max(6, min(28, 900 // width))))
 

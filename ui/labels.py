@@ -1,7 +1,7 @@
 """Labels: a person confirms or corrects an incident's root cause.
 
 The explorer writes each label as its own Parquet file under
-``LAKE/labels/date=YYYY-MM-DD/hour=HH/`` (schema ``views.LABELS_SCHEMA``, one
+``LAKE/labels/date=YYYY-MM-DD/hour=HH/`` (schema ``LABELS_SCHEMA`` below, one
 row per label; the newest label of an incident wins). It writes nothing else
 and never opens a service's DuckDB file. ``faultlens train --from-lake`` reads
 this table to add labelled incidents to the classifier's training data; the
@@ -18,8 +18,26 @@ import orjson
 import pyarrow as pa
 
 from faultlens.stream.lake import LakeWriter
-from faultlens.ui.views import LABELS_SCHEMA
 from faultlens.vocabulary import Category, FaultKind, values
+
+# The lake's labels table: one row per label a person gave (the newest per incident wins).
+# Kept here, beside the only writer, until stream/schema.py (which owns the lake schemas)
+# takes it over: a one-line move.
+LABELS_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.float64(), False),
+        pa.field("incident_id", pa.string(), False),
+        pa.field("job", pa.string()),
+        pa.field("verdict", pa.string(), False),  # confirmed | corrected
+        pa.field("diagnosed_kind", pa.string()),
+        pa.field("diagnosed_category", pa.string()),
+        pa.field("kind", pa.string(), False),  # the root cause a person settled on
+        pa.field("category", pa.string()),
+        pa.field("nodes", pa.string()),  # JSON list of culprit nodes
+        pa.field("author", pa.string()),
+        pa.field("note", pa.string()),
+    ]
+)
 
 # Fault kinds a person can pick: the simulator's vocabulary plus the kinds
 # diagnosis names that have no simulator twin, and "other".

@@ -72,12 +72,12 @@ def collect(lake_path: str | Path, job: str, since: float | None = None, until: 
             r["incident"]: r["lost_s"] for r in gaps.group_by("incident").agg(pl.col("lost_s").sum()).iter_rows(named=True)
         }
         label_rows = views.labels(con)
-        latest_label = {}
+        latest_label: dict[str, dict[str, Any]] = {}
         for r in label_rows.iter_rows(named=True):  # newest first
             latest_label.setdefault(r["incident_id"], r)
         incidents = []
         for row in views.incidents(con, job=job, since=since, until=until).sort("opened_ts").iter_rows(named=True):
-            inc = views.incident(con, row["id"])
+            inc = views.incident(con, row["id"]) or {}
             acts = views.actions(con, incident_id=row["id"])
             incidents.append({
                 "id": row["id"], "opened_ts": row["opened_ts"], "severity": row["severity"], "status": row["status"],
@@ -290,3 +290,41 @@ def render_markdown(data: dict[str, Any]) -> str:
     out += ["## Downtime ledger", "", _md_table(_ledger_frame(data)), "## Xid histogram", "", _md_table(data["xids"]),
             "## Top failing machines", "", _md_table(data["machines"]), "## RMA candidates", "", _md_table(data["rma"])]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- batch diagnosis
+
+
+def render_batch_report(path: Path, incidents: list[Any], actions: list[Any], detectors: list[Any], n_records: int,
+                        read_s: float, diag_s: float, *, clocks: dict[str, Any] | None = None,
+                        errors: list[str] | None = None) -> str:
+    """report.md of ``faultlens diagnose DIR``: what was read, the actions, then each incident with
+    its suspects, evidence and muted symptoms (the records diagnosis produced, not a recomputation)."""
+    lines = [f"# faultlens diagnosis of `{path}`", "",
+             f"{n_records:,} records read in {read_s:.1f} s, diagnosed in {diag_s:.1f} s. "
+             f"Detectors: {', '.join(getattr(d, 'name', '?') for d in detectors) or 'none'}."]
+    if errors:
+        lines.append(f"{len(errors)} input line(s) could not be read, e.g. `{errors[0][:200]}`.")
+    estimated = {n: c for n, c in (clocks or {}).items() if c.estimated}
+    if estimated:
+        how = sorted({c.boot_from or "untimed lines" for c in estimated.values()})
+        lines.append(f"Log times estimated on {len(estimated)} node(s) ({', '.join(how)}): "
+                     f"{sum(c.estimated for c in estimated.values()):,} record(s) marked `ts_estimated`.")
+    lines += ["", "## Actions", ""]
+    if not actions:
+        lines.append("No action: nothing needed the runner.")
+    for a in actions:
+        lines.append(f"- **{a.type}** {', '.join(a.nodes) or '(job)'} (confidence {a.confidence:.2f}"
+                     f"{', dry run' if a.dry_run else ''}): {a.reason}")
+    lines += ["", "## Incidents", ""]
+    for i in incidents:
+        lines.append(f"### {i.title} [{i.status}]")
+        lines.append(f"kind `{i.kind}`, category `{i.category}`, confidence {i.confidence:.2f}. {i.summary}")
+        for s in i.suspects[:5]:
+            lines.append(f"- suspect **{s['node']}** score {s['score']:.2f}: {s.get('reason', '')[:200]}")
+        for e in i.evidence[:5]:
+            lines.append(f"  - `{e.get('source')}` {e.get('node', '')} {e.get('text', '')[:160].splitlines()[0] if e.get('text') else ''}")
+        if i.muted:
+            lines.append(f"- muted {len(i.muted)} symptom(s), e.g. {i.muted[0]['item'][:120]} (rule {i.muted[0]['by_rule']})")
+        lines.append("")
+    return "\n".join(lines) + "\n"

@@ -3,10 +3,12 @@
 Starts (each the real ``faultlens`` command in its own process): the embedded
 Kafka-protocol broker when no bootstrap servers are configured, the stream
 processor, online diagnosis, the dry-run runner, the explorer, and a simulated
-16-node x 8-GPU cluster whose virtual nodes each run the real agent code. It
-then injects the demo's fault sequence (Xid 79, a thermal fail-slow, a hang
-with a stuck rank, a user-code exception, a transient link flap) and prints
-each incident and action as it appears. Ctrl-C stops everything, newest first,
+16-node x 8-GPU fleet whose virtual nodes each run the real agent code: five
+jobs on disjoint machines (three each, one spare), each given one fault of the
+demo's sequence in turn (Xid 79, a thermal fail-slow, a hang with a stuck rank,
+a user-code exception, a transient link flap). It prints each incident and
+action as it appears, and nothing else unless ``--log-level`` asks for more (the
+services' own logs are in WORKDIR/logs). Ctrl-C stops everything, newest first,
 so the lake is flushed and readable.
 """
 
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="keep an existing workdir (default: start afresh)")
     p.add_argument("--exit-after-s", type=float, default=None,
                    help="stop by itself after this many seconds (default: run until Ctrl-C)")
+    # The terminal is for incidents and actions; library chatter (kafka-python's INFO
+    # lines) only when asked for with --log-level INFO or DEBUG.
+    p.set_defaults(log_level="WARNING")
 
 
 def _free_port(preferred: int) -> int:
@@ -89,14 +94,19 @@ def _describe(kind: str, data: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    import logging
+
     import orjson
     from rich.console import Console
 
+    from faultlens.datasets.live import DEMO_FAULTS, demo_fleet
     from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, ensure_topics
     from faultlens.supervise import Supervisor
 
     console = Console()
+    if args.log_level == "WARNING":  # the default: kafka-python's event-loop timing warnings are not the user's
+        logging.getLogger("kafka").setLevel(logging.ERROR)
     workdir = Path(args.workdir).resolve()
     if workdir.exists() and not args.keep:
         shutil.rmtree(workdir)
@@ -121,7 +131,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
             console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {workdir / 'logs'})")
         start_pipeline(sup, nodes=args.nodes, speed=args.speed, segment=args.segment, workdir=workdir)
-        console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x; injecting: Xid 79, thermal "
+        per_job, spare = demo_fleet(args.nodes, len(DEMO_FAULTS))
+        console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x: {len(DEMO_FAULTS)} jobs of "
+                      f"{per_job} nodes each, {spare} spare; one fault per job in turn: Xid 79, thermal "
                       "fail-slow, hang with a stuck rank, user-code exception, transient link flap. Ctrl-C stops.")
         consumer = Consumer(config.bus, ["incidents", "actions"], group_id=None, bootstrap=bootstrap)
         first = None
@@ -139,9 +151,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
                     # Print an incident when it opens or its status/suspects/actions change.
                     state = (data.get("status"), tuple(data.get("actions", [])),
                              tuple(s.get("node") for s in data.get("suspects", [])))
-                    if seen.get(data.get("id")) == state:
+                    inc_id = str(data.get("id"))
+                    if seen.get(inc_id) == state:
                         continue
-                    seen[data.get("id")] = state
+                    seen[inc_id] = state
                 if first is None:
                     first = time.monotonic() - started
                     console.print(f"[dim]first {m.kind[:-1]} {first:.0f} s after start[/]")
@@ -149,7 +162,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             crashed = [c for c in sup.check() if c.name != "cluster"]
             if crashed:
                 for c in crashed:
-                    console.print(f"[red]{c.name} exited ({c.proc.returncode}); last lines:[/]\n{sup.tail(c.name)}")
+                    code = c.proc.returncode if c.proc is not None else None
+                    console.print(f"[red]{c.name} exited ({code}); last lines:[/]\n{sup.tail(c.name)}")
                 return 1
             cluster = next(c for c in sup.children if c.name == "cluster")
             if not cluster.alive() and not sequence_done:

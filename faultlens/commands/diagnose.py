@@ -100,6 +100,7 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     from faultlens.diagnosis.batch import diagnose_records
     from faultlens.diagnosis.nodehealth import NodeHealth
     from faultlens.stream.schema import cloudevent
+    from faultlens.ui.report import render_batch_report
 
     console = Console(stderr=True)
     if not path.is_dir():
@@ -125,8 +126,8 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     out.mkdir(parents=True, exist_ok=True)
     (out / "incidents.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(i)) + b"\n" for i in incidents))
     (out / "actions.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(a)) + b"\n" for a in actions))
-    (out / "report.md").write_text(render_report(path, incidents, actions, detectors, len(records), t1 - t0, t2 - t1,
-                                                 clocks=data.clocks, errors=data.errors))
+    (out / "report.md").write_text(render_batch_report(path, incidents, actions, detectors, len(records), t1 - t0,
+                                                       t2 - t1, clocks=data.clocks, errors=data.errors))
     console.print(f"{len(records):,} records, {len(incidents)} incident(s), {len(actions)} action(s) "
                   f"-> {out} (read {t1 - t0:.1f} s, diagnosed {t2 - t1:.1f} s, total {t2 - t0:.1f} s)")
     if data.errors:
@@ -134,36 +135,3 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     for a in actions:
         console.print(f"  {a.type:16} {', '.join(a.nodes) or '-':24} {a.reason[:120]}")
     return 0
-
-
-def render_report(path: Path, incidents: list[Any], actions: list[Any], detectors: list[Any], n_records: int,
-                  read_s: float, diag_s: float, *, clocks: dict[str, Any] | None = None,
-                  errors: list[str] | None = None) -> str:
-    lines = [f"# faultlens diagnosis of `{path}`", "",
-             f"{n_records:,} records read in {read_s:.1f} s, diagnosed in {diag_s:.1f} s. "
-             f"Detectors: {', '.join(getattr(d, 'name', '?') for d in detectors) or 'none'}."]
-    if errors:
-        lines.append(f"{len(errors)} input line(s) could not be read, e.g. `{errors[0][:200]}`.")
-    estimated = {n: c for n, c in (clocks or {}).items() if c.estimated}
-    if estimated:
-        how = sorted({c.boot_from or "untimed lines" for c in estimated.values()})
-        lines.append(f"Log times estimated on {len(estimated)} node(s) ({', '.join(how)}): "
-                     f"{sum(c.estimated for c in estimated.values()):,} record(s) marked `ts_estimated`.")
-    lines += ["", "## Actions", ""]
-    if not actions:
-        lines.append("No action: nothing needed the runner.")
-    for a in actions:
-        lines.append(f"- **{a.type}** {', '.join(a.nodes) or '(job)'} (confidence {a.confidence:.2f}"
-                     f"{', dry run' if a.dry_run else ''}): {a.reason}")
-    lines += ["", "## Incidents", ""]
-    for i in incidents:
-        lines.append(f"### {i.title} [{i.status}]")
-        lines.append(f"kind `{i.kind}`, category `{i.category}`, confidence {i.confidence:.2f}. {i.summary}")
-        for s in i.suspects[:5]:
-            lines.append(f"- suspect **{s['node']}** score {s['score']:.2f}: {s.get('reason', '')[:200]}")
-        for e in i.evidence[:5]:
-            lines.append(f"  - `{e.get('source')}` {e.get('node', '')} {e.get('text', '')[:160].splitlines()[0] if e.get('text') else ''}")
-        if i.muted:
-            lines.append(f"- muted {len(i.muted)} symptom(s), e.g. {i.muted[0]['item'][:120]} (rule {i.muted[0]['by_rule']})")
-        lines.append("")
-    return "\n".join(lines) + "\n"

@@ -11,9 +11,14 @@ if not choices:
     st.stop()
 ids = list(choices)
 wanted = st.query_params.get("id")
-chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=choices.get)
+chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda i: choices[i]) or ids[0]
 st.query_params["id"] = chosen
 inc = views.incident(con, chosen)
+if inc is None:
+    st.error(f"Incident {chosen} is not in the lake.")
+    st.stop()
+assert inc is not None  # st.stop() ends the script run
 head = views.headline(inc)
 
 st.title(f"Culprit: {head['culprit']}")
@@ -37,10 +42,13 @@ st.dataframe(views.suspects(inc), hide_index=True, width="stretch")
 st.subheader("Evidence")
 timeline = views.evidence_timeline(con, inc)
 st.altair_chart(charts.evidence_chart(timeline), width="stretch")
-st.dataframe(timeline.drop("ts"), hide_index=True, width="stretch",
+st.dataframe(views.evidence_table(timeline).drop("ts"), hide_index=True, width="stretch",
              column_config={"text": st.column_config.TextColumn("raw line", width="large")})
-if inc.get("muted"):
-    st.caption("Muted as symptoms: " + "; ".join(f"{m.get('item')} (by {m.get('by_rule')})" for m in inc["muted"]))
+muted = views.muted(inc)
+if not muted.is_empty():
+    with st.expander(f"Muted as symptoms of this incident: {muted.height} item(s), by "
+                     + ", ".join(sorted(set(muted["by_rule"].to_list())))):
+        st.dataframe(muted, hide_index=True, width="stretch")
 
 grid = views.topology_grid(con, inc)
 if not grid.is_empty():
@@ -49,15 +57,16 @@ if not grid.is_empty():
 
 stacks = views.stack_groups(con, inc)
 if not stacks.is_empty():
-    st.subheader("Stack groups (smallest first: the outliers)")
+    st.subheader("Stack groups (outliers first, as diagnosis grouped them)")
     st.dataframe(stacks, hide_index=True, width="stretch")
 
 per_step, per_rank = views.step_prediction(con, inc["job"], onset_ts=float(inc["opened_ts"]))
 if not per_step.is_empty():
     st.subheader("Step time")
     st.altair_chart(charts.step_time_chart(per_step), width="stretch")
-    st.caption("Predicted by a robust linear fit of step time on the workload (sum of lengths, their squares, "
-               "sequence count) over the steps before the incident. Ranks with the largest residual since:")
+    st.caption("Predicted by the fail-slow detector's step-time model (compute time from tokens, the sum of "
+               "squared lengths and the sequence count), fitted on the steps before the incident. "
+               "Ranks with the largest residual since:")
     st.dataframe(per_rank, hide_index=True, width="stretch")
 
 st.page_link("app_pages/machine.py", label=f"Machine page of {head['node']}", query_params={"node": head["node"]},

@@ -12,14 +12,19 @@ if not choices:
     st.stop()
 ids = list(choices)
 wanted = st.query_params.get("id")
-chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=choices.get)
+chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda i: choices[i]) or ids[0]
 inc = views.incident(con, chosen)
+if inc is None:
+    st.error(f"Incident {chosen} is not in the lake.")
+    st.stop()
+assert inc is not None  # st.stop() ends the script run
 head = views.headline(inc)
 st.markdown(f"Diagnosis: **{inc['kind']}** ({inc['category']}) on **{head['culprit']}** — {head['reason']}")
 
 with st.form("label"):
     verdict = st.radio("Root cause", labels.VERDICTS, horizontal=True,
-                       format_func={"confirmed": "confirm the diagnosis", "corrected": "correct it"}.get)
+                       format_func=lambda v: {"confirmed": "confirm the diagnosis", "corrected": "correct it"}[v])
     kind = st.selectbox("Fault kind (when correcting)", labels.FAULT_KINDS,
                         index=labels.FAULT_KINDS.index(inc["kind"]) if inc["kind"] in labels.FAULT_KINDS else 0)
     category = st.selectbox("Category (when correcting)", labels.CATEGORIES,

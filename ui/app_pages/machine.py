@@ -28,7 +28,7 @@ st.dataframe(views.kernel_events(con, node), hide_index=True, width="stretch",
 st.subheader("GPU counters")
 default = ["temp_c_max", "sm_clock_mhz_min", "power_w_avg", "ecc_dbe_delta", "nvlink_errors_delta", "pcie_replay_delta"]
 metrics = st.multiselect("Counters", list(views.HEATMAP_METRICS), default=default,
-                         format_func=views.HEATMAP_METRICS.get)
+                         format_func=lambda m: views.HEATMAP_METRICS[m])
 for metric in metrics:
     cells = views.gpu_heatmap(con, node, metric)
     st.altair_chart(charts.gpu_heatmap_chart(cells, title=views.HEATMAP_METRICS[metric]), width="stretch")
