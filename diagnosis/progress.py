@@ -164,7 +164,7 @@ def check_hang(p: JobProgress, now: float, cfg: Mapping[str, float], cap_s: floa
     if alive is None:
         return None  # nothing heard from the hosts since: the input ended or the hosts are gone, not a hang
     median = p.median_step_s()
-    figures = {"silence_s": round(silence, 1), "threshold_s": round(threshold, 1), "last_step": p.last_step,
+    figures: dict[str, object] = {"silence_s": round(silence, 1), "threshold_s": round(threshold, 1), "last_step": p.last_step,
                "median_step_s": round(median, 3), "longest_pause_s": round(p.max_gap_s, 1),
                "gpu_samples_after": p.after_n, "busy_after": p.after_busy, "memory_held_after": p.after_held,
                "stacks_after": stacks_after, "end_of_input": final}
