@@ -5,7 +5,7 @@ continuation line (a call trace frame, the rest of a multi-line NVRM message)
 belongs to the record above it, so a record is emitted when the next record
 starts (or on ``flush``). Launcher prefixes such as ``[default7]:`` or
 ``[rank0]:`` are stripped and kept as the rank. What a record *is* comes from
-collectors/catalogs/kernel_kinds.toml; what it *means* is diagnosis.classify.
+the [[kind]] entries of faultlens/catalogs/kernel.toml; what it *means* is faultlens.signatures.
 
 The parser is pure text -> records; followers (collectors.follow) deliver lines.
 """
@@ -30,9 +30,14 @@ DECODE_RE = re.compile(r"^([a-z]+)\s*:([a-z]+)\s*: (.*)$")
 ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?(Z|[+-]\d\d:?\d\d)?\s(.*)$")
 BRACKET_RE = re.compile(r"^\[\s*([+-]?)(\d+\.\d+)\]\s?(.*)$")
 CTIME_RE = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(.*)$")
-SYSLOG_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(?:(\S+)\s+)?kernel:\s?(.*)$")
+SYSLOG_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(?:(\S+)\s+)?(?:[a-z0-9]+\.[a-z]+\s+)?kernel(?:\[\d+\])?:\s?(.*)$")
+# RFC 5424 (rsyslog/syslog-ng forwarding): <PRI>1 TIMESTAMP HOST APP PROCID MSGID [SD|-] MSG
+RFC5424_RE = re.compile(r"^<(\d{1,3})>1 (\S+) (\S+) (\S+) \S+ \S+ (?:-|\[.*?\])\s?(.*)$")
+PRI_RE = re.compile(r"^<(\d{1,3})>")
+REPEATED_RE = re.compile(r"^(?:last )?message repeated (\d+) times?:? \[\s?(.*?)\s?\]\s*$")
+PCI_ID_RE = re.compile(r"^[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}(?::[0-9A-Fa-f]{1,2})?(?:\.[0-7])?$")
 SYSLOG_ANY_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(\S+)\s+(\S+?)(?:\[\d+\])?:\s?(.*)$")
-HOST_KERNEL_RE = re.compile(r"^(?:(\S+)\s+)?kernel:\s?(.*)$")
+HOST_KERNEL_RE = re.compile(r"^(?:(\S+)\s+)?kernel(?:\[\d+\])?:\s?(.*)$")
 PCI_GPU_RE = re.compile(r"(?:GPU at PCI:|The NVIDIA GPU |GPU )(?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})")
 PCI_ANY_RE = re.compile(r"\b([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\b")
 XID_TAIL_RE = re.compile(r"^,\s*pid=(?P<pid>'?<?[\w]+>?'?)(?:,\s*name=(?P<name>[^,]*))?(?:,\s*(?P<text>.*))?$", re.S)
@@ -46,7 +51,8 @@ MAX_RECORD_LINES = 256
 HOT_EXTRA = ((r"\[ *[+-]\d", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:\s?)?(?:[a-z]+\s*:[a-z]+\s*: )?\[\s*[+-]\d"),)
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
-DUMP_CONT_RE = re.compile(r"^(?:Call Trace:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\")")
+DUMP_CONT_RE = re.compile(r"^(?:Call [Tt]race:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\"|#PF: |PGD |P4D |PUD |PMD |---\[ end (?:trace|Kernel panic)|Kernel Offset: |Workqueue: |pc : |lr : |sp : |x\d+ ?: |Internal error: |Process \S+ \(pid: )")
+DUMP_CONT_FIRST = frozenset("CRt<TH\"MF#P-KWplsxI")
 
 
 def normalize_pci(bus: str | None) -> str | None:
@@ -62,7 +68,7 @@ def normalize_pci(bus: str | None) -> str | None:
 
 @lru_cache(maxsize=1)
 def kernel_kinds() -> KindTable:
-    return load_kind_table(CATALOGS / "kernel_kinds.toml")
+    return load_kind_table(CATALOGS / "kernel.toml")
 
 
 @dataclass(slots=True)
@@ -76,6 +82,7 @@ class _Head:
     level: str | None = None
     relative: bool = False
     continuation: bool = False
+    repeated: int = 0
 
 
 @dataclass(slots=True)
@@ -129,6 +136,18 @@ class KernelParser(FastPathParser):
 
     # ------------------------------------------------------------------ prefixes
     def _head(self, line: str) -> _Head:
+        """The prefix of one line: time, host, level, rank; rsyslog's "message repeated
+        N times: [ msg ]" unwrapped to ``msg`` with ``repeated`` = N."""
+        h = self._prefix(line)
+        msg = h.message
+        if msg[:1] in "ml" and "message repeated" in msg[:24]:
+            m = REPEATED_RE.match(msg)
+            if m:
+                h.message = _strip_bracket(m.group(2))
+                h.repeated = int(m.group(1))
+        return h
+
+    def _prefix(self, line: str) -> _Head:
         rank = None
         if line.startswith("["):
             m = LAUNCHER_RE.match(line)
@@ -138,6 +157,23 @@ class KernelParser(FastPathParser):
         if not line or line[0] in " \t":
             return _Head(line.strip(), None, rank, continuation=True)
         c0 = line[0]
+        if c0 == "<":
+            m = RFC5424_RE.match(line)
+            if m:
+                try:
+                    ts = _iso_ts(*_split_iso(m.group(2)), self.tz)
+                except ValueError:
+                    ts = None
+                h = self._prefix(m.group(5)) if m.group(4) != "kernel" else _Head(_strip_bracket(m.group(5)), ts)
+                h.ts = ts if ts is not None else h.ts
+                h.host, h.level, h.rank = m.group(3), _KMSG_LEVELS.get(int(m.group(1)) & 7), rank
+                return h
+            m = PRI_RE.match(line)
+            if m:  # dmesg -r / forwarded syslog: <PRI> then the usual line
+                h = self._prefix(line[m.end():])
+                h.level = h.level or _KMSG_LEVELS.get(int(m.group(1)) & 7)
+                h.rank = h.rank if h.rank is not None else rank
+                return h
         if c0 == "[":
             m = BRACKET_RE.match(line)
             if m:
@@ -146,10 +182,18 @@ class KernelParser(FastPathParser):
                 if m.group(1):  # dmesg -H / --reltime: delta from the previous line
                     return _Head(rest, ts=self._last_ts + secs, rank=rank, relative=True)
                 ts = secs + self.boot_time if self.boot_time is not None else secs
-                return _Head(rest, ts=ts, rank=rank)
+                host = None
+                if "kernel:" in rest[:80]:  # journalctl -o short-monotonic: [ 12.3] host kernel: msg
+                    hk = HOST_KERNEL_RE.match(rest)
+                    if hk:
+                        host, rest = hk.group(1), hk.group(2)
+                return _Head(rest, ts=ts, rank=rank, host=host)
             m = CTIME_RE.match(line)
             if m:
-                t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
+                try:
+                    t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
+                except ValueError:  # not a real date (a mangled month): keep the previous time
+                    return _Head(m.group(2), ts=None, rank=rank)
                 return _Head(m.group(2), ts=t.timestamp(), rank=rank)
         if c0.isdigit():
             m = KMSG_RE.match(line)
@@ -211,7 +255,7 @@ class KernelParser(FastPathParser):
     def _is_continuation(self, head: _Head, pending: bool) -> bool:
         if head.continuation or head.message[:1] in (" ", "\t"):
             return True  # a message that starts indented continues the record above
-        return pending and head.message[:1] in "CRt<TH\"MF" and DUMP_CONT_RE.match(head.message) is not None
+        return pending and head.message[:1] in DUMP_CONT_FIRST and DUMP_CONT_RE.match(head.message) is not None
 
     def _feed(self, line: str, hot: bool) -> list[KernelEvent]:
         if not line.strip():
@@ -367,9 +411,11 @@ class KernelParser(FastPathParser):
             fields["host"] = head.host
         if head.level:
             fields["level"] = head.level
+        if head.repeated:
+            fields["repeated"] = head.repeated
         if kind == "xid" and m is not None:
             xid = int(m.group("xid"))
-            pci = normalize_pci(m.group("pci"))
+            pci = _pci_id(m.group("pci"), fields)
             tail = XID_TAIL_RE.match(message[m.end():])
             if tail:
                 pid_s = tail.group("pid").strip("'<>")
@@ -387,7 +433,9 @@ class KernelParser(FastPathParser):
                     fields["recovery_action"] = r.group(4)
         elif kind == "sxid" and m is not None:
             fields["sxid"] = int(m.group("sxid"))
-            fields["switch_pci"] = m.group("pci").lower()
+            sw = _pci_id(m.group("pci"), fields)
+            if sw:
+                fields["switch_pci"] = (m.group("pci") or "").strip().lower().removeprefix("pci:")
             sev = SXID_SEV_RE.search(message)
             if sev:
                 fields["sxid_severity"] = "fatal" if sev.group(1).lower() == "fatal" else "non-fatal"
@@ -403,7 +451,7 @@ class KernelParser(FastPathParser):
                     break
             if gd.get("pci"):
                 pci = normalize_pci(gd["pci"])
-            for key in ("server", "state", "secs", "cpu"):
+            for key in ("server", "state", "secs", "cpu", "device", "netdev", "array"):
                 if gd.get(key):
                     fields[key] = gd[key]
         if kind in ("xid", "fell_off_bus", "nvrm_other"):
@@ -437,6 +485,25 @@ class KernelParser(FastPathParser):
 _KMSG_LEVELS = {0: "emerg", 1: "alert", 2: "crit", 3: "err", 4: "warn", 5: "notice", 6: "info", 7: "debug"}
 _FACILITIES = {"kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp", "local0",
                "local1", "local2", "local3", "local4", "local5", "local6", "local7"}
+
+
+def _pci_id(text: str | None, fields: dict) -> str | None:
+    """A printed PCI id, normalised; an elided or redacted one (``XXXX:XX:XX``,
+    ``<redacted>``) gives None and is kept as ``fields["pci_id"]``."""
+    if not text:
+        return None
+    t = text.strip()
+    if PCI_ID_RE.match(t):
+        return normalize_pci(t)
+    fields["pci_id"] = t[:40]
+    return None
+
+
+def _split_iso(stamp: str) -> tuple[str, str | None, str | None]:
+    m = re.match(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?(Z|[+-]\d\d:?\d\d)?$", stamp)
+    if not m:
+        raise ValueError(stamp)
+    return m.group(1), m.group(2), m.group(3)
 
 
 def _strip_bracket(rest: str) -> str:

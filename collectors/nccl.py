@@ -6,7 +6,7 @@ possibly ``[rankN]:``-prefixed) becomes one record whose ``exception`` is the fi
 ``Type: message``; C++ ``terminate called ...`` / ``frame #N`` blocks are one record.
 Rank and host come from the launcher prefix, NCCL's ``host:pid:tid [dev]`` prefix and
 ``[Rank N]`` in torch messages. What a record is comes from
-collectors/catalogs/nccl_kinds.toml; what it means is diagnosis.classify.
+the [[kind]] entries of faultlens/catalogs/nccl.toml; what it means is faultlens.signatures.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<
 
 @lru_cache(maxsize=1)
 def nccl_kinds() -> KindTable:
-    return load_kind_table(CATALOGS / "nccl_kinds.toml")
+    return load_kind_table(CATALOGS / "nccl.toml")
 
 
 @dataclass(slots=True)

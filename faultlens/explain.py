@@ -42,7 +42,9 @@ class ExplainedLine:
     def to_json(self) -> dict:
         c = self.c
         return {"line_no": self.line_no, "text": self.text, "source": self.source, "category": c.category,
-                "xid": c.xid, "severity": c.severity, "action": c.action, "meaning": c.meaning}
+                "xid": c.xid, "severity": c.severity, "action": c.action, "meaning": c.meaning,
+                # added fields (DESIGN's are kept): which signature catalog and entry said so, and its source
+                "family": c.family or None, "entry": c.rule, "reference": c.reference or None}
 
 
 def detect_format(head: list[str]) -> str:

@@ -2,7 +2,7 @@
 
 Every kernel/NCCL rule must match at least one recorded line (the fixtures under
 tests/fixtures/{kernel,nccl}/) and no negative line; every Xid of NVIDIA's
-catalog (shared/reference/real-logs/xid_catalog.csv) must be present, converted
+catalog (tests/fixtures/nvidia/xid_catalog.csv, a copy) must be present, converted
 to faultlens' vocabulary.
 """
 
@@ -68,9 +68,9 @@ def test_negative_lines_produce_no_finding() -> None:
             assert to_finding(rec, ctx) is None, rec.raw
 
 
-def test_every_nvidia_xid_is_in_the_catalog(real_logs) -> None:
+def test_every_nvidia_xid_is_in_the_catalog() -> None:
     cats = load_catalogs()
-    rows = list(csv.DictReader(open(real_logs / "xid_catalog.csv", encoding="utf-8")))
+    rows = list(csv.DictReader(open(FIXTURES / "nvidia" / "xid_catalog.csv", encoding="utf-8")))
     assert rows
     for row in rows:
         code = int(row["code"])
