@@ -52,6 +52,8 @@ HOT_EXTRA = ((r"\[ *[+-]\d", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
 DUMP_CONT_RE = re.compile(r"^(?:Call [Tt]race:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\"|#PF: |PGD |P4D |PUD |PMD |---\[ end (?:trace|Kernel panic)|Kernel Offset: |Workqueue: |pc : |lr : |sp : |x\d+ ?: |Internal error: |Process \S+ \(pid: )")
+# An oops's "Oops: 0000 [#1] SMP" line continues the report its first line began.
+OOPS_HEADS = ("BUG: ", "general protection fault", "divide error", "invalid opcode", "Unable to handle kernel")
 DUMP_CONT_FIRST = frozenset("CRt<TH\"MF#P-KWplsxI")
 
 
@@ -262,7 +264,8 @@ class KernelParser(FastPathParser):
             return self._flush()
         head = self._head(line)
         p = self._pending
-        if p is not None and self._is_continuation(head, True) and len(p.lines) < MAX_RECORD_LINES:
+        if p is not None and len(p.lines) < MAX_RECORD_LINES and (
+                self._is_continuation(head, True) or (head.message.startswith("Oops: ") and p.messages[0].startswith(OOPS_HEADS))):
             p.lines.append(line)
             p.messages.append(head.message.strip())
             p.hot = p.hot or hot
