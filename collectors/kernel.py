@@ -52,6 +52,8 @@ HOT_EXTRA = ((r"\[ *[+-]\d", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
 DUMP_CONT_RE = re.compile(r"^(?:Call [Tt]race:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\"|#PF: |PGD |P4D |PUD |PMD |---\[ end (?:trace|Kernel panic)|Kernel Offset: |Workqueue: |pc : |lr : |sp : |x\d+ ?: |Internal error: |Process \S+ \(pid: )")
+# The detail lines of a device report (AER): "<driver> <pci id>:" then an indented field.
+DEVICE_DETAIL_RE = re.compile(r"^\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: {2,}\S")
 # An oops's "Oops: 0000 [#1] SMP" line continues the report its first line began.
 OOPS_HEADS = ("BUG: ", "general protection fault", "divide error", "invalid opcode", "Unable to handle kernel")
 DUMP_CONT_FIRST = frozenset("CRt<TH\"MF#P-KWplsxI")
@@ -257,7 +259,12 @@ class KernelParser(FastPathParser):
     def _is_continuation(self, head: _Head, pending: bool) -> bool:
         if head.continuation or head.message[:1] in (" ", "\t"):
             return True  # a message that starts indented continues the record above
-        return pending and head.message[:1] in DUMP_CONT_FIRST and DUMP_CONT_RE.match(head.message) is not None
+        if not pending:
+            return False
+        msg = head.message
+        if ":   " in msg[:48] and DEVICE_DETAIL_RE.match(msg):
+            return True  # "pcieport 0000:00:03.1:   device [..] error status/mask=...": the report above
+        return msg[:1] in DUMP_CONT_FIRST and DUMP_CONT_RE.match(msg) is not None
 
     def _feed(self, line: str, hot: bool) -> list[KernelEvent]:
         if not line.strip():

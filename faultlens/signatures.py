@@ -48,6 +48,7 @@ _DEFAULT_CONFIDENCE = {"info": 0.5, "warning": 0.7, "critical": 0.95}
 # Bytes that are not text: an undecodable byte (U+FFFD after decoding) or a control
 # character. A line carrying one is bad input: kept and shipped, never counted away.
 BAD_INPUT_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+PRINTED_SEVERITY_RE = re.compile(r"\s(Fatal|FATAL|Non-?[Ff]atal|Nonfatal|NONFATAL)\s")
 CAUSED_BY_RE = re.compile(r"(?i)(?:caused by|due to|after|following) (?:a |the )?previous Xid[ :(]*(\d+)")
 
 
@@ -360,12 +361,22 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
                       fault="gpu_hardware_error", confidence=0.8,
                       meaning=f"Xid {code} ({entry.name}) on the same GPU from {len(pids)} different processes: "
                               "the GPU, not the application, is the likely cause. Run diagnostics on it before reuse.")
+    printed = cx.get("printed_severity")
+    if printed and code in printed.get("codes", ()) and not c.rule.endswith(".driver_process"):
+        sev = PRINTED_SEVERITY_RE.search(rec.message or "")
+        if sev is not None:
+            fatal = sev.group(1).lower() == "fatal"
+            act, severity = printed["fatal" if fatal else "nonfatal"]
+            c = _with(c, action=act, severity=severity, rule=f"xid.{code}.{'fatal' if fatal else 'nonfatal'}",
+                      meaning=f"{c.meaning} The driver printed this one as {'Fatal' if fatal else 'Nonfatal'}.")
     named = CAUSED_BY_RE.search(rec.message or "")
     if code in derived or named is not None:
         root: tuple[int, Classification] | None = None
+        seen_root = True
         if named is not None and int(named.group(1)) != code:
             rc = int(named.group(1))
             prior = next((pc for (t, x, _, pc) in reversed(recent) if x == rc and abs(rec.ts - t) <= window), None)
+            seen_root = prior is not None
             re_ = cats.xid.get(rc)
             root = (rc, prior if prior is not None else (re_.result if re_ is not None else _unknown_xid(rc)))
         else:
@@ -378,6 +389,14 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
                       rule=f"xid.154.{mapped[0]}", companion=True,
                       meaning=f"The driver now requires: {wanted}. Follow it"
                               + (f" (Xid {root[0]} before this line is the cause)." if root else "."))
+        elif root is not None and named is not None and not seen_root:
+            # the line names its root but the root was not seen here (another log, rotated away):
+            # nothing else speaks for it, so this line carries the root's whole verdict
+            x, pc = root
+            c = _with(c, category=pc.category, severity="warning" if pc.severity == "critical" else pc.severity,
+                      action=pc.action, rule=f"xid.{code}.caused_by", companion=False, fault=pc.fault,
+                      meaning=f"Derived from Xid {x} ({pc.rule}), which this line names as its cause and which is not in "
+                              f"this log: Xid {x}'s verdict applies ({pc.category}, {pc.action}).")
         elif root is not None:
             x, pc = root
             c = _with(c, category=pc.category, severity="info" if pc.severity == "info" else "warning", action="none",

@@ -187,7 +187,17 @@ def test_derived_xids_take_the_root_verdict() -> None:
     for c in got[1:3]:
         assert (c.category, c.action, c.companion) == ("pcie", "none", True) and c.rule.endswith(".after_xid")
         assert "Xid 79" in c.meaning
-    assert (got[3].category, got[3].rule) == ("gpu_memory", "xid.45.after_xid") and "Xid 48" in got[3].meaning
+    # the named root was not seen in this log: nothing else speaks for it, so the line carries its verdict
+    assert (got[3].category, got[3].rule, got[3].action) == ("gpu_memory", "xid.45.caused_by", "reset_gpu")
+    assert "Xid 48" in got[3].meaning
+
+
+def test_nvlink5_xids_follow_the_printed_severity() -> None:
+    lines = ["NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)",
+             "NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)"]
+    fatal, nonfatal = (classify(r) for r in KernelParser(year=2024).parse(lines))
+    assert (fatal.rule, fatal.action, fatal.severity) == ("xid.145.fatal", "evict_node", "critical")
+    assert (nonfatal.rule, nonfatal.action, nonfatal.severity) == ("xid.145.nonfatal", "run_diagnostics", "warning")
 
 
 def test_unknown_xid_says_so_and_is_never_dropped() -> None:
