@@ -57,7 +57,7 @@ NCCL_NOISE = [
 
 def _real_lines(source: str) -> list[str]:
     lines = []
-    for scenario in ("real", "project", "negative"):
+    for scenario in ("real", "project", "families", "negative"):
         p = FIXTURES / source / scenario / "input.log"
         if p.exists():
             lines += p.read_text().splitlines()
