@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
                         continue
                     line = f"{e.line_no:>7} {c.severity:<8} {c.category:<13} {c.action:<15} {e.text}\n"
                     if c.category != "none" and (c.rule, c.meaning) != last_rule:
-                        xid = f"Xid {c.xid}: " if c.xid is not None else ""
+                        xid = f"Xid {c.xid}: " if c.xid is not None and not c.meaning.startswith("Xid ") else ""
                         entry = f"[{c.family} {c.rule}] " if c.rule else ""
                         line += f"{'':>7} -> {entry}{xid}{c.meaning}\n"
                     last_rule = (c.rule, c.meaning)
