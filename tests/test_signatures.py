@@ -321,3 +321,28 @@ def test_multiline_blocks_are_one_event() -> None:
 def test_bad_dmesg_t_date_does_not_raise() -> None:
     recs = list(KernelParser(year=2024).parse(["[Sat Qct 12 18:35:32 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]))
     assert recs and recs[0].xid == 79
+
+
+NCCL_LINES = {
+    "nccl.ib_completion_error": "gpu-n1:1234:1290 [3] NCCL WARN NET/IB : Got completion from peer 10.0.0.5<53468> with error 12, opcode 0, len 0, vendor err 129",
+    "nccl.alloc_failed": "gpu-n1:1234:1290 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes",
+    "nccl.socket_error": "gpu-n1:1234:1290 [3] misc/socket.cc:50 NCCL WARN socketProgressOpt: Call to recv from 10.0.0.2<43215> failed : Connection reset by peer",
+}
+
+
+@pytest.mark.parametrize("entry", sorted(NCCL_LINES))
+def test_every_nccl_prefix_gives_the_same_entry(entry: str) -> None:
+    msg = NCCL_LINES[entry]
+    forms = {
+        "bare": msg,
+        "torchrun rank": f"[default3]:{msg}",
+        "torch rank": f"[rank3]:{msg}",
+        "srun --label": f"3: {msg}",
+        "mpirun": f"[1,3]<stderr>:{msg}",
+        "iso stamp": f"2024-11-21 10:00:00,123 {msg}",
+        "bracketed stamp": f"[2024-11-21 10:00:00] {msg}",
+    }
+    for form, line in forms.items():
+        recs = list(NcclParser(year=2024).parse([line]))
+        assert len(recs) == 1, form
+        assert classify(recs[0]).rule == entry, (form, classify(recs[0]).rule)
