@@ -33,7 +33,8 @@ CTIME_RE = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \
 SYSLOG_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(?:(\S+)\s+)?(?:[a-z0-9]+\.[a-z]+\s+)?kernel(?:\[\d+\])?:\s?(.*)$")
 # RFC 5424 (rsyslog/syslog-ng forwarding): <PRI>1 TIMESTAMP HOST APP PROCID MSGID [SD|-] MSG
 RFC5424_RE = re.compile(r"^<(\d{1,3})>1 (\S+) (\S+) (\S+) \S+ \S+ (?:-|\[.*?\])\s?(.*)$")
-PRI_RE = re.compile(r"^<(\d{1,3})>")
+PRI_RE = re.compile(r"^<(\d{1,3})>\s?")
+YEAR_SYSLOG_RE = re.compile(r"^(\d{4}) (?=[A-Z][a-z]{2}\s+\d{1,2} \d\d:\d\d:\d\d)")
 REPEATED_RE = re.compile(r"^(?:last )?message repeated (\d+) times?:? \[\s?(.*?)\s?\]\s*$")
 PCI_ID_RE = re.compile(r"^[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}(?::[0-9A-Fa-f]{1,2})?(?:\.[0-7])?$")
 SYSLOG_ANY_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(\S+)\s+(\S+?)(?:\[\d+\])?:\s?(.*)$")
@@ -223,9 +224,14 @@ class KernelParser(FastPathParser):
                 h = self._head(m.group(3))
                 h.level = m.group(2)
                 return h
+        year = None
+        if c0.isdigit() and line[4:5] == " ":
+            y = YEAR_SYSLOG_RE.match(line)  # "2017 Oct  3 18:03:49.241708 host kernel: ..." (syslog with a year)
+            if y:
+                year, line = int(y.group(1)), line[y.end():]
         m = SYSLOG_RE.match(line)
         if m:
-            ts = self._syslog_ts(m)
+            ts = self._syslog_ts(m, year)
             rest = _strip_bracket(m.group(7))
             return _Head(rest, ts=ts, rank=rank, host=m.group(6))
         m = HOST_KERNEL_RE.match(line)
@@ -236,12 +242,12 @@ class KernelParser(FastPathParser):
             return _Head(m.group(8), ts=self._syslog_ts(m), rank=rank, host=m.group(6))
         return _Head(line, None, rank)
 
-    def _syslog_ts(self, m: re.Match[str]) -> float | None:
+    def _syslog_ts(self, m: re.Match[str], year: int | None = None) -> float | None:
         mon = MONTHS.get(m.group(1)[:3].lower())
         if mon is None:
             return None  # a localised month name: keep the previous timestamp
         try:
-            t = dt.datetime(self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
+            t = dt.datetime(year or self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
         except ValueError:
             return None
         return t.timestamp()
@@ -413,7 +419,7 @@ class KernelParser(FastPathParser):
     def _build(self, p: _Pending) -> KernelEvent:
         message = "\n".join(p.messages)
         head = p.head
-        kind, m = self.kinds.match(message)
+        kind, m = self.kinds.match(_kind_text(message) if len(p.messages) > 2 else message)
         fields: dict = {}
         xid = pid = None
         pci = None
@@ -495,6 +501,18 @@ class KernelParser(FastPathParser):
 _KMSG_LEVELS = {0: "emerg", 1: "alert", 2: "crit", 3: "err", 4: "warn", 5: "notice", 6: "info", 7: "debug"}
 _FACILITIES = {"kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp", "local0",
                "local1", "local2", "local3", "local4", "local5", "local6", "local7"}
+
+
+def _kind_text(message: str) -> str:
+    """What decides a dump's kind: its report, not its stack frames or module list (a hung task
+    whose frames are in nvidia_uvm is a hung task, not an NVIDIA driver message)."""
+    for cut in ("\nCall Trace:", "\nCall trace:", "\n<TASK>"):
+        i = message.find(cut)
+        if i > 0:
+            message = message[:i]
+    if "\nModules linked in:" in message:
+        message = "\n".join(ln for ln in message.split("\n") if not ln.startswith("Modules linked in:"))
+    return message
 
 
 def _pci_id(text: str | None, fields: dict) -> str | None:
