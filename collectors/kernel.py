@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
-from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
+from faultlens.collectors.patterns import (
+    CATALOGS,
+    MATCH_LIMIT,
+    KindTable,
+    hot_regex,
+    load_kind_table,
+)
 from faultlens.stream.schema import KernelEvent
 
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?\[(?:default|rank|Rank )(\d+)\]:\s?")
@@ -432,7 +438,7 @@ class KernelParser(FastPathParser):
         if kind == "xid" and m is not None:
             xid = int(m.group("xid"))
             pci = _pci_id(m.group("pci"), fields)
-            tail = XID_TAIL_RE.match(message[m.end():])
+            tail = XID_TAIL_RE.match(message[m.end():MATCH_LIMIT])
             if tail:
                 pid_s = tail.group("pid").strip("'<>")
                 pid = int(pid_s) if pid_s.isdigit() else None
@@ -443,7 +449,7 @@ class KernelParser(FastPathParser):
             else:
                 fields["text"] = message[m.end():].lstrip(", ").strip()
             if xid == 154:
-                r = RECOVERY_RE.search(message)
+                r = RECOVERY_RE.search(message[:MATCH_LIMIT])
                 if r:
                     fields["recovery_from"] = r.group(2)
                     fields["recovery_action"] = r.group(4)
@@ -452,7 +458,7 @@ class KernelParser(FastPathParser):
             sw = _pci_id(m.group("pci"), fields)
             if sw:
                 fields["switch_pci"] = (m.group("pci") or "").strip().lower().removeprefix("pci:")
-            sev = SXID_SEV_RE.search(message)
+            sev = SXID_SEV_RE.search(message[:MATCH_LIMIT])
             if sev:
                 fields["sxid_severity"] = "fatal" if sev.group(1).lower() == "fatal" else "non-fatal"
         elif m is not None:
@@ -471,7 +477,7 @@ class KernelParser(FastPathParser):
                 if gd.get(key):
                     fields[key] = gd[key]
         if kind in ("xid", "fell_off_bus", "nvrm_other"):
-            g = PCI_GPU_RE.search(message)
+            g = PCI_GPU_RE.search(message[:MATCH_LIMIT])
             if g and pci is None:
                 pci = normalize_pci(g.group(1))
             if kind == "fell_off_bus" and pci is None:
@@ -479,7 +485,7 @@ class KernelParser(FastPathParser):
             if pci:
                 self._last_gpu_pci = pci
         elif pci is None and kind != "other":
-            a = PCI_ANY_RE.search(message)
+            a = PCI_ANY_RE.search(message[:MATCH_LIMIT])
             if a:
                 fields["device_pci"] = a.group(1).lower()
         gpu = self.gpu_map.get(pci) if pci else None

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faultlens.errors import CatalogError
-from faultlens.signatures import BAD_INPUT_RE, CATALOGS  # noqa: F401  (one catalog folder, one bad-byte test)
+from faultlens.signatures import (  # noqa: F401  (one catalog folder, one bad-byte test, one match limit)
+    BAD_INPUT_RE,
+    CATALOGS,
+    MATCH_LIMIT,
+    bounded,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +59,9 @@ class KindTable:
         return [s.lower() for k in self.kinds for s in k.any] + [s.lower() for s in self.noteworthy_any]
 
     def match(self, text: str) -> tuple[str, re.Match[str] | None]:
-        """(kind, match) of the first entry that matches, ``("other", None)`` otherwise."""
+        """(kind, match) of the first entry that matches, ``("other", None)`` otherwise.
+        A long record is judged by its head and tail (``signatures.bounded`` says why)."""
+        text = bounded(text)
         if self.prefilter.search(text.lower()) is None:
             return "other", None
         for k in self.kinds:

@@ -49,6 +49,16 @@ _DEFAULT_CONFIDENCE = {"info": 0.5, "warning": 0.7, "critical": 0.95}
 # character. A line carrying one is bad input: kept and shipped, never counted away.
 BAD_INPUT_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 PRINTED_SEVERITY_RE = re.compile(r"\s(Fatal|FATAL|Non-?[Ff]atal|Nonfatal|NONFATAL)\s")
+# Records are judged by their first MATCH_LIMIT characters: a real record (a dump is judged
+# by its report before the Call Trace) fits, and a crafted 10 MB line cannot make a `literal.*word` pattern quadratic
+# (each occurrence of the literal rescans the rest of the line) and stall the agent.
+MATCH_LIMIT = 4096
+
+
+def bounded(text: str) -> str:
+    """``text`` as the matchers see it: whole, or its first and last MATCH_LIMIT characters
+    (the head holds a report's first line, the tail a traceback's final exception)."""
+    return text if len(text) <= 2 * MATCH_LIMIT else text[:MATCH_LIMIT] + "\n" + text[-MATCH_LIMIT:]
 CAUSED_BY_RE = re.compile(r"(?i)(?:caused by|due to|after|following) (?:a |the )?previous Xid[ :(]*(\d+)")
 
 
@@ -314,7 +324,8 @@ def _rules_for(rules: tuple[Rule, ...], kind: str) -> tuple[Rule, ...]:
 
 
 def first_rule(rules: tuple[Rule, ...], kind: str, text: str) -> Rule | None:
-    """The first rule of ``kind`` whose prefilter and regex match ``text``."""
+    """The first rule of ``kind`` whose prefilter and regex match ``text`` (``bounded``)."""
+    text = bounded(text)
     for r in _rules_for(rules, kind):
         if r.any:
             for sub in r.any:
@@ -363,13 +374,13 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
                               "the GPU, not the application, is the likely cause. Run diagnostics on it before reuse.")
     printed = cx.get("printed_severity")
     if printed and code in printed.get("codes", ()) and not c.rule.endswith(".driver_process"):
-        sev = PRINTED_SEVERITY_RE.search(rec.message or "")
+        sev = PRINTED_SEVERITY_RE.search((rec.message or "")[:MATCH_LIMIT])
         if sev is not None:
             fatal = sev.group(1).lower() == "fatal"
             act, severity = printed["fatal" if fatal else "nonfatal"]
             c = _with(c, action=act, severity=severity, rule=f"xid.{code}.{'fatal' if fatal else 'nonfatal'}",
                       meaning=f"{c.meaning} The driver printed this one as {'Fatal' if fatal else 'Nonfatal'}.")
-    named = CAUSED_BY_RE.search(rec.message or "")
+    named = CAUSED_BY_RE.search((rec.message or "")[:MATCH_LIMIT])
     if code in derived or named is not None:
         root: tuple[int, Classification] | None = None
         seen_root = True

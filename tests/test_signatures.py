@@ -346,3 +346,22 @@ def test_every_nccl_prefix_gives_the_same_entry(entry: str) -> None:
         recs = list(NcclParser(year=2024).parse([line]))
         assert len(recs) == 1, form
         assert classify(recs[0]).rule == entry, (form, classify(recs[0]).rule)
+
+
+def test_long_records_are_judged_by_head_and_tail() -> None:
+    """A crafted megabyte line is judged by its bounded head and tail (no quadratic regex
+    stall: pytest-timeout guards it), and a long traceback still ends in its exception."""
+    from faultlens.signatures import MATCH_LIMIT, bounded
+
+    assert len(bounded("x" * 10 * MATCH_LIMIT)) <= 2 * MATCH_LIMIT + 1
+    for piece in ("NVRM: ", "nvme nvme0: ", "EDAC ", "[EFA]", "md/raid1:md0: "):
+        line = "[ 1.0] " + (piece + "a" * 7) * 100_000
+        for rec in KernelParser(year=2024).parse([line]):
+            classify(rec)
+            is_ordinary(rec)
+    frames = [f'  File "/opt/conda/lib/python3.10/site-packages/m{i}.py", line {i}, in f{i}' for i in range(300)]
+    tb = ["Traceback (most recent call last):", *frames,
+          "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    recs = list(NcclParser(year=2024).parse(tb))
+    assert len(recs) == 1 and len(recs[0].raw) > 2 * MATCH_LIMIT
+    assert classify(recs[0]).rule == "nccl.error.cuda_oom"
