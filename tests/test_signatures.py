@@ -61,6 +61,9 @@ def test_every_catalog_file_is_loaded() -> None:
     assert {r.result.family for r in cats.sxid} == {"sxid"}
     assert {r.result.family for r in cats.nccl} == {"nccl"}
     assert {e.result.family for e in cats.xid.values()} == {"xid"}
+    # every entry says where its reason comes from
+    assert not [r.id for r in all_rules() if not r.result.reference]
+    assert not [c for c, e in cats.xid.items() if not e.result.reference]
 
 
 def test_every_rule_is_reachable_from_a_recorded_line() -> None:
