@@ -20,6 +20,9 @@ Context rules need what came before (one ``ClassifyContext`` per stream):
   on one device (a corrected PCIe error once is noise, 20 a minute is a bad link).
 Context only ever changes records of recognised kinds, which the agent always
 ships, so its context-free ship filter agrees with the context-aware readers.
+
+One module on purpose (a little over the project's ~500 lines): loading, context and
+classification are the single place every reader of a line goes through.
 """
 
 from __future__ import annotations
