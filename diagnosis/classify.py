@@ -22,6 +22,7 @@ from faultlens.signatures import (  # noqa: F401
     all_rules,
     catalogs,
     classify,
+    classify_nvsmi,
     first_rule,
     is_ordinary,
     load_catalogs,

@@ -45,7 +45,7 @@ CATALOGS = Path(__file__).resolve().parent / "catalogs"
 CATEGORIES = values(Category)
 LINE_ACTIONS = values(LineAction)
 SEVERITIES = values(Severity)
-FAMILIES = ("xid", "sxid", "kernel", "nccl", "steps", "stacks")
+FAMILIES = ("xid", "sxid", "kernel", "nccl", "nvsmi", "steps", "stacks")
 _SEV_RANK = SEVERITY_RANK
 _DEFAULT_CONFIDENCE = {"info": 0.5, "warning": 0.7, "critical": 0.95}
 # Bytes that are not text: an undecodable byte (U+FFFD after decoding) or a control
@@ -148,6 +148,7 @@ class Catalogs:
     sxid: tuple[Rule, ...] = ()
     ordinary: dict[str, frozenset[str]] = field(default_factory=dict)  # family -> kinds that are everyday noise
     files: tuple[str, ...] = ()
+    nvsmi: tuple[Rule, ...] = ()
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -258,11 +259,11 @@ def load_catalogs(directory: Path | None = None) -> Catalogs:
     """Load and validate every signature catalog (fails naming file and entry)."""
     d = directory or CATALOGS
     xid, ctx = load_xid(d / "xid.toml")
-    files = ("xid.toml", "sxid.toml", "kernel.toml", "nccl.toml")
+    files = ("xid.toml", "sxid.toml", "kernel.toml", "nccl.toml", "nvsmi.toml")
     return Catalogs(xid, load_rules(d / "kernel.toml", "kernel"), load_rules(d / "nccl.toml", "nccl"), ctx,
                     load_rules(d / "sxid.toml", "sxid"),
                     {"kernel": _ordinary_kinds(d / "kernel.toml"), "nccl": _ordinary_kinds(d / "nccl.toml")},
-                    tuple(str(d / f) for f in files))
+                    tuple(str(d / f) for f in files), load_rules(d / "nvsmi.toml", "nvsmi"))
 
 
 @lru_cache(maxsize=1)
@@ -272,9 +273,15 @@ def catalogs() -> Catalogs:
 
 
 def all_rules(cats: Catalogs | None = None) -> tuple[Rule, ...]:
-    """Every rule of every rule family (sxid, kernel, nccl), in catalog order."""
+    """Every rule of every rule family (sxid, kernel, nccl, nvsmi), in catalog order."""
     c = cats or catalogs()
-    return c.sxid + c.kernel + c.nccl
+    return c.sxid + c.kernel + c.nccl + c.nvsmi
+
+
+def classify_nvsmi(text: str) -> Classification:
+    """One normalised nvidia-smi / DCGM line (collectors/nvsmi_text.py) -> what it means."""
+    r = first_rule(catalogs().nvsmi, "nvsmi", text)
+    return UNRECOGNISED if r is None else r.result
 
 
 # --------------------------------------------------------------------------- context

@@ -75,6 +75,8 @@ def test_every_rule_is_reachable_from_a_recorded_line() -> None:
                 c = classify(rec, ctx)
                 if c.rule:
                     hit.add(c.rule)
+    for f in sorted((FIXTURES / "nvsmi" / "families").glob("*.txt")):
+        hit.update(e.c.rule for e in explain_lines(f.read_text().splitlines()) if e.c.rule)
     missing = sorted(r.id for r in all_rules() if r.id not in hit)
     assert not missing, f"entries without a recorded line: {missing}"
 
@@ -368,3 +370,22 @@ def test_long_records_are_judged_by_head_and_tail() -> None:
     recs = list(NcclParser(year=2024).parse(tb))
     assert len(recs) == 1 and len(recs[0].raw) > 2 * MATCH_LIMIT
     assert classify(recs[0]).rule == "nccl.error.cuda_oom"
+
+
+NVSMI_WANT = {"nvsmi-001": ("reset_gpu", "warning"), "nvsmi-003": ("reset_gpu", "warning"),
+              "nvsmi-004": ("reset_gpu", "critical"), "shipped-034": ("reset_gpu", "critical"),
+              "shipped-035": ("none", "info"), "remap-failure": ("evict_node", "critical"),
+              "volatile-uncorrectable": ("reset_gpu", "critical")}
+
+
+@pytest.mark.parametrize("name", sorted(NVSMI_WANT))
+def test_nvidia_smi_and_dcgm_text(name: str) -> None:
+    """nvidia-smi -q / dcgmi diag text is detected as such and judged by its sections."""
+    from faultlens.signatures import most_significant
+
+    lines = (FIXTURES / "nvsmi" / "families" / f"{name}.txt").read_text().splitlines()
+    explained = list(explain_lines(lines))
+    assert {e.source for e in explained} == {"nvsmi"}
+    v = most_significant(e.c for e in explained if e.c.rule != "empty")
+    assert (v.action, v.severity) == NVSMI_WANT[name]
+    assert v.family == "nvsmi" and v.category == ("none" if v.action == "none" else "gpu_memory")
