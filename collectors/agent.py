@@ -43,6 +43,7 @@ from faultlens.collectors.sources import Source, source_factory
 from faultlens.collectors.spool import Delivery, Spool
 from faultlens.config import Config
 from faultlens.errors import BusError
+from faultlens.signatures import is_ordinary
 from faultlens.stream import schema, topics
 from faultlens.stream.schema import StackDump
 
@@ -344,11 +345,10 @@ class Agent:
         """Emit the records among ``items`` that are not ordinary; count the ordinary lines."""
         ordinary = 0
         out = []
-        table = parser.kinds
         for it in items:
             if isinstance(it, int):
                 ordinary += it
-            elif not self.ship_ordinary and table.is_ordinary(it.kind, it.message, it.raw):
+            elif not self.ship_ordinary and is_ordinary(it):  # the one classifier decides (faultlens.signatures)
                 ordinary += it.raw.count("\n") + 1
             else:
                 out.append(it)

@@ -5,64 +5,73 @@ continuation line (a call trace frame, the rest of a multi-line NVRM message)
 belongs to the record above it, so a record is emitted when the next record
 starts (or on ``flush``). Launcher prefixes such as ``[default7]:`` or
 ``[rank0]:`` are stripped and kept as the rank. What a record *is* comes from
-collectors/catalogs/kernel_kinds.toml; what it *means* is diagnosis.classify.
+the [[kind]] entries of faultlens/catalogs/kernel.toml; what it *means* is faultlens.signatures.
 
 The parser is pure text -> records; followers (collectors.follow) deliver lines.
 """
 
 from __future__ import annotations
 
-import calendar
 import datetime as dt
 import re
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
-from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
+from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, parse_journal_entry: public here too)
+    _FACILITIES,
+    _KMSG_LEVELS,
+    BRACKET_RE,
+    CTIME_RE,
+    DECODE_RE,
+    DEVICE_DETAIL_RE,
+    DUMP_CONT_FIRST,
+    DUMP_CONT_RE,
+    HOST_KERNEL_RE,
+    ISO_RE,
+    KMSG_RE,
+    LAUNCHER_RE,
+    MONTHS,
+    OOPS_HEADS,
+    PCI_ANY_RE,
+    PCI_GPU_RE,
+    PRI_RE,
+    RECOVERY_RE,
+    REPEATED_RE,
+    RFC5424_RE,
+    SXID_SEV_RE,
+    SYSLOG_ANY_RE,
+    SYSLOG_RE,
+    XID_TAIL_RE,
+    YEAR_SYSLOG_RE,
+    _iso_ts,
+    _kind_text,
+    _pci_id,
+    _split_iso,
+    _strip_bracket,
+    normalize_pci,
+    parse_journal_entry,
+)
+from faultlens.collectors.patterns import (
+    CATALOGS,
+    MATCH_LIMIT,
+    KindTable,
+    hot_regex,
+    load_kind_table,
+)
 from faultlens.stream.schema import KernelEvent
 
-LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?\[(?:default|rank|Rank )(\d+)\]:\s?")
-KMSG_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
-DECODE_RE = re.compile(r"^([a-z]+)\s*:([a-z]+)\s*: (.*)$")
-ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?(Z|[+-]\d\d:?\d\d)?\s(.*)$")
-BRACKET_RE = re.compile(r"^\[\s*([+-]?)(\d+\.\d+)\]\s?(.*)$")
-CTIME_RE = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(.*)$")
-SYSLOG_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(?:(\S+)\s+)?kernel:\s?(.*)$")
-SYSLOG_ANY_RE = re.compile(r"^(\S+)\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)?\s+(\S+)\s+(\S+?)(?:\[\d+\])?:\s?(.*)$")
-HOST_KERNEL_RE = re.compile(r"^(?:(\S+)\s+)?kernel:\s?(.*)$")
-PCI_GPU_RE = re.compile(r"(?:GPU at PCI:|The NVIDIA GPU |GPU )(?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})")
-PCI_ANY_RE = re.compile(r"\b([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\b")
-XID_TAIL_RE = re.compile(r"^,\s*pid=(?P<pid>'?<?[\w]+>?'?)(?:,\s*name=(?P<name>[^,]*))?(?:,\s*(?P<text>.*))?$", re.S)
-RECOVERY_RE = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+) \(([^)]*)\) to (0x[0-9a-fA-F]+) \(([^)]*)\)")
-SXID_SEV_RE = re.compile(r"\b(Non-fatal|Fatal|Non-Fatal|fatal)\b")
-MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 MAX_RECORD_LINES = 256
 # Besides the catalog words, what makes a line take the full parse: a relative
 # (dmesg -H) timestamp, which depends on the line before it (screened by its
 # bracket, then matched at the start of the line), and bad bytes.
 HOT_EXTRA = ((r"\[ *[+-]\d", r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank|Rank )\d+\]:\s?)?(?:[a-z]+\s*:[a-z]+\s*: )?\[\s*[+-]\d"),)
-# Lines of a kernel dump (hung task, lockup, oops) that are printed without
-# indentation but belong to the report above them.
-DUMP_CONT_RE = re.compile(r"^(?:Call Trace:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\")")
-
-
-def normalize_pci(bus: str | None) -> str | None:
-    """``00000000:3B:00.0`` / ``0000:3b:00`` -> ``0000:3b:00`` (domain:bus:device, lower case)."""
-    if not bus:
-        return None
-    parts = bus.lower().split(":")
-    if len(parts) < 3:
-        return bus.lower()
-    dom, b, dev = parts[-3], parts[-2], parts[-1].split(".")[0]
-    return f"{dom[-4:].rjust(4, '0')}:{b}:{dev}"
 
 
 @lru_cache(maxsize=1)
 def kernel_kinds() -> KindTable:
-    return load_kind_table(CATALOGS / "kernel_kinds.toml")
+    return load_kind_table(CATALOGS / "kernel.toml")
 
 
 @dataclass(slots=True)
@@ -76,6 +85,7 @@ class _Head:
     level: str | None = None
     relative: bool = False
     continuation: bool = False
+    repeated: int = 0
 
 
 @dataclass(slots=True)
@@ -129,6 +139,18 @@ class KernelParser(FastPathParser):
 
     # ------------------------------------------------------------------ prefixes
     def _head(self, line: str) -> _Head:
+        """The prefix of one line: time, host, level, rank; rsyslog's "message repeated
+        N times: [ msg ]" unwrapped to ``msg`` with ``repeated`` = N."""
+        h = self._prefix(line)
+        msg = h.message
+        if msg[:1] in "ml" and "message repeated" in msg[:24]:
+            m = REPEATED_RE.match(msg)
+            if m:
+                h.message = _strip_bracket(m.group(2))
+                h.repeated = int(m.group(1))
+        return h
+
+    def _prefix(self, line: str) -> _Head:
         rank = None
         if line.startswith("["):
             m = LAUNCHER_RE.match(line)
@@ -138,6 +160,23 @@ class KernelParser(FastPathParser):
         if not line or line[0] in " \t":
             return _Head(line.strip(), None, rank, continuation=True)
         c0 = line[0]
+        if c0 == "<":
+            m = RFC5424_RE.match(line)
+            if m:
+                try:
+                    ts = _iso_ts(*_split_iso(m.group(2)), self.tz)
+                except ValueError:
+                    ts = None
+                h = self._prefix(m.group(5)) if m.group(4) != "kernel" else _Head(_strip_bracket(m.group(5)), ts)
+                h.ts = ts if ts is not None else h.ts
+                h.host, h.level, h.rank = m.group(3), _KMSG_LEVELS.get(int(m.group(1)) & 7), rank
+                return h
+            m = PRI_RE.match(line)
+            if m:  # dmesg -r / forwarded syslog: <PRI> then the usual line
+                h = self._prefix(line[m.end():])
+                h.level = h.level or _KMSG_LEVELS.get(int(m.group(1)) & 7)
+                h.rank = h.rank if h.rank is not None else rank
+                return h
         if c0 == "[":
             m = BRACKET_RE.match(line)
             if m:
@@ -146,10 +185,18 @@ class KernelParser(FastPathParser):
                 if m.group(1):  # dmesg -H / --reltime: delta from the previous line
                     return _Head(rest, ts=self._last_ts + secs, rank=rank, relative=True)
                 ts = secs + self.boot_time if self.boot_time is not None else secs
-                return _Head(rest, ts=ts, rank=rank)
+                host = None
+                if "kernel:" in rest[:80]:  # journalctl -o short-monotonic: [ 12.3] host kernel: msg
+                    hk = HOST_KERNEL_RE.match(rest)
+                    if hk:
+                        host, rest = hk.group(1), hk.group(2)
+                return _Head(rest, ts=ts, rank=rank, host=host)
             m = CTIME_RE.match(line)
             if m:
-                t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
+                try:
+                    t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
+                except ValueError:  # not a real date (a mangled month): keep the previous time
+                    return _Head(m.group(2), ts=None, rank=rank)
                 return _Head(m.group(2), ts=t.timestamp(), rank=rank)
         if c0.isdigit():
             m = KMSG_RE.match(line)
@@ -175,9 +222,14 @@ class KernelParser(FastPathParser):
                 h = self._head(m.group(3))
                 h.level = m.group(2)
                 return h
+        year = None
+        if c0.isdigit() and line[4:5] == " ":
+            y = YEAR_SYSLOG_RE.match(line)  # "2017 Oct  3 18:03:49.241708 host kernel: ..." (syslog with a year)
+            if y:
+                year, line = int(y.group(1)), line[y.end():]
         m = SYSLOG_RE.match(line)
         if m:
-            ts = self._syslog_ts(m)
+            ts = self._syslog_ts(m, year)
             rest = _strip_bracket(m.group(7))
             return _Head(rest, ts=ts, rank=rank, host=m.group(6))
         m = HOST_KERNEL_RE.match(line)
@@ -188,12 +240,12 @@ class KernelParser(FastPathParser):
             return _Head(m.group(8), ts=self._syslog_ts(m), rank=rank, host=m.group(6))
         return _Head(line, None, rank)
 
-    def _syslog_ts(self, m: re.Match[str]) -> float | None:
+    def _syslog_ts(self, m: re.Match[str], year: int | None = None) -> float | None:
         mon = MONTHS.get(m.group(1)[:3].lower())
         if mon is None:
             return None  # a localised month name: keep the previous timestamp
         try:
-            t = dt.datetime(self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
+            t = dt.datetime(year or self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
         except ValueError:
             return None
         return t.timestamp()
@@ -211,14 +263,20 @@ class KernelParser(FastPathParser):
     def _is_continuation(self, head: _Head, pending: bool) -> bool:
         if head.continuation or head.message[:1] in (" ", "\t"):
             return True  # a message that starts indented continues the record above
-        return pending and head.message[:1] in "CRt<TH\"MF" and DUMP_CONT_RE.match(head.message) is not None
+        if not pending:
+            return False
+        msg = head.message
+        if ":   " in msg[:48] and DEVICE_DETAIL_RE.match(msg):
+            return True  # "pcieport 0000:00:03.1:   device [..] error status/mask=...": the report above
+        return msg[:1] in DUMP_CONT_FIRST and DUMP_CONT_RE.match(msg) is not None
 
     def _feed(self, line: str, hot: bool) -> list[KernelEvent]:
         if not line.strip():
             return self._flush()
         head = self._head(line)
         p = self._pending
-        if p is not None and self._is_continuation(head, True) and len(p.lines) < MAX_RECORD_LINES:
+        if p is not None and len(p.lines) < MAX_RECORD_LINES and (
+                self._is_continuation(head, True) or (head.message.startswith("Oops: ") and p.messages[0].startswith(OOPS_HEADS))):
             p.lines.append(line)
             p.messages.append(head.message.strip())
             p.hot = p.hot or hot
@@ -359,7 +417,7 @@ class KernelParser(FastPathParser):
     def _build(self, p: _Pending) -> KernelEvent:
         message = "\n".join(p.messages)
         head = p.head
-        kind, m = self.kinds.match(message)
+        kind, m = self.kinds.match(_kind_text(message) if len(p.messages) > 2 else message)
         fields: dict = {}
         xid = pid = None
         pci = None
@@ -367,10 +425,12 @@ class KernelParser(FastPathParser):
             fields["host"] = head.host
         if head.level:
             fields["level"] = head.level
+        if head.repeated:
+            fields["repeated"] = head.repeated
         if kind == "xid" and m is not None:
             xid = int(m.group("xid"))
-            pci = normalize_pci(m.group("pci"))
-            tail = XID_TAIL_RE.match(message[m.end():])
+            pci = _pci_id(m.group("pci"), fields)
+            tail = XID_TAIL_RE.match(message[m.end():MATCH_LIMIT])
             if tail:
                 pid_s = tail.group("pid").strip("'<>")
                 pid = int(pid_s) if pid_s.isdigit() else None
@@ -381,14 +441,16 @@ class KernelParser(FastPathParser):
             else:
                 fields["text"] = message[m.end():].lstrip(", ").strip()
             if xid == 154:
-                r = RECOVERY_RE.search(message)
+                r = RECOVERY_RE.search(message[:MATCH_LIMIT])
                 if r:
                     fields["recovery_from"] = r.group(2)
                     fields["recovery_action"] = r.group(4)
         elif kind == "sxid" and m is not None:
             fields["sxid"] = int(m.group("sxid"))
-            fields["switch_pci"] = m.group("pci").lower()
-            sev = SXID_SEV_RE.search(message)
+            sw = _pci_id(m.group("pci"), fields)
+            if sw:
+                fields["switch_pci"] = (m.group("pci") or "").strip().lower().removeprefix("pci:")
+            sev = SXID_SEV_RE.search(message[:MATCH_LIMIT])
             if sev:
                 fields["sxid_severity"] = "fatal" if sev.group(1).lower() == "fatal" else "non-fatal"
         elif m is not None:
@@ -403,11 +465,11 @@ class KernelParser(FastPathParser):
                     break
             if gd.get("pci"):
                 pci = normalize_pci(gd["pci"])
-            for key in ("server", "state", "secs", "cpu"):
+            for key in ("server", "state", "secs", "cpu", "device", "netdev", "array"):
                 if gd.get(key):
                     fields[key] = gd[key]
         if kind in ("xid", "fell_off_bus", "nvrm_other"):
-            g = PCI_GPU_RE.search(message)
+            g = PCI_GPU_RE.search(message[:MATCH_LIMIT])
             if g and pci is None:
                 pci = normalize_pci(g.group(1))
             if kind == "fell_off_bus" and pci is None:
@@ -415,7 +477,7 @@ class KernelParser(FastPathParser):
             if pci:
                 self._last_gpu_pci = pci
         elif pci is None and kind != "other":
-            a = PCI_ANY_RE.search(message)
+            a = PCI_ANY_RE.search(message[:MATCH_LIMIT])
             if a:
                 fields["device_pci"] = a.group(1).lower()
         gpu = self.gpu_map.get(pci) if pci else None
@@ -432,42 +494,6 @@ class KernelParser(FastPathParser):
             rank=head.rank,
             fields=fields,
         )
-
-
-_KMSG_LEVELS = {0: "emerg", 1: "alert", 2: "crit", 3: "err", 4: "warn", 5: "notice", 6: "info", 7: "debug"}
-_FACILITIES = {"kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp", "local0",
-               "local1", "local2", "local3", "local4", "local5", "local6", "local7"}
-
-
-def _strip_bracket(rest: str) -> str:
-    if rest.startswith("["):
-        m = BRACKET_RE.match(rest)
-        if m:
-            return m.group(3)
-    return rest
-
-
-def _iso_ts(base: str, frac: str | None, tz: str | None, default_tz: dt.tzinfo) -> float:
-    t = dt.datetime.strptime(base.replace(" ", "T"), "%Y-%m-%dT%H:%M:%S")
-    if tz and tz != "Z":
-        sign = 1 if tz[0] == "+" else -1
-        hh, mm = int(tz[1:3]), int(tz[-2:])
-        t = t.replace(tzinfo=dt.timezone(sign * dt.timedelta(hours=hh, minutes=mm)))
-    else:
-        t = t.replace(tzinfo=dt.UTC if tz == "Z" else default_tz)
-    return t.timestamp() + (float("0." + frac) if frac else 0.0)
-
-
-def parse_journal_entry(entry: Mapping[str, object]) -> str:
-    """A ``journalctl -o json`` object -> one syslog-style line the parser reads."""
-    msg = entry.get("MESSAGE", "")
-    if isinstance(msg, list):  # journald gives non-UTF-8 messages as byte arrays
-        msg = bytes(int(b) for b in msg if isinstance(b, int)).decode("utf-8", "replace")
-    usec = entry.get("__REALTIME_TIMESTAMP")
-    ts = int(str(usec)) / 1e6 if usec else time.time()
-    iso = dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
-    host = entry.get("_HOSTNAME") or "localhost"
-    return f"{iso} {host} kernel: {msg}"
 
 
 from faultlens.collectors.sources import register_source  # noqa: E402 - the agent's source registry

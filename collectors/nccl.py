@@ -6,7 +6,7 @@ possibly ``[rankN]:``-prefixed) becomes one record whose ``exception`` is the fi
 ``Type: message``; C++ ``terminate called ...`` / ``frame #N`` blocks are one record.
 Rank and host come from the launcher prefix, NCCL's ``host:pid:tid [dev]`` prefix and
 ``[Rank N]`` in torch messages. What a record is comes from
-collectors/catalogs/nccl_kinds.toml; what it means is diagnosis.classify.
+the [[kind]] entries of faultlens/catalogs/nccl.toml; what it means is faultlens.signatures.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_k
 from faultlens.stream.schema import NcclEvent
 
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)(\d+)\]:|\[1,(\d+)\]<std(?:out|err)>:)\s?")
+SRUN_LABEL_RE = re.compile(r"^\s{0,5}(\d{1,6}): (?=\S)")
 ISO_PREFIX_RE = re.compile(r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?\]?(?:\s+-\s+|\s+)")
 C10_RE = re.compile(r"^\[([EWIFD])(?:(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?)?(?: \d+)? ?([\w./]+:\d+)\]\s?")
 NCCL_RE = re.compile(r"^(?P<host>[^\s:\[]+) ?:(?P<pid>\w+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+:\d+) )?NCCL (?P<level>INFO|WARN|ERROR|TRACE)\s?(?P<msg>.*)$")
@@ -46,7 +47,7 @@ TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<
 
 @lru_cache(maxsize=1)
 def nccl_kinds() -> KindTable:
-    return load_kind_table(CATALOGS / "nccl_kinds.toml")
+    return load_kind_table(CATALOGS / "nccl.toml")
 
 
 @dataclass(slots=True)
@@ -95,6 +96,11 @@ class NcclParser(FastPathParser):
     def _line(self, raw: str) -> _Line:
         rank = None
         s = raw
+        if s[:1].isdigit() or s[:1] == " ":
+            m = SRUN_LABEL_RE.match(s)  # srun --label: "3: <the rank's line>"
+            if m:
+                rank = int(m.group(1))
+                s = s[m.end():]
         if s.startswith("["):
             m = LAUNCHER_RE.match(s)
             if m:
@@ -104,8 +110,11 @@ class NcclParser(FastPathParser):
         if s[:1].isdigit() or s.startswith("[2") or s.startswith("[1"):
             m = ISO_PREFIX_RE.match(s)
             if m:
-                t = dt.datetime.strptime(m.group(1).replace(" ", "T"), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
-                ln.ts = t.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
+                try:
+                    t = dt.datetime.strptime(m.group(1).replace(" ", "T"), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
+                    ln.ts = t.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
+                except ValueError:  # not a real date: keep the text, no time
+                    pass
                 s = s[m.end():]
         if s.startswith("[") and len(s) > 2 and s[1] in "EWIFD":
             m = C10_RE.match(s)

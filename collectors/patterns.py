@@ -1,4 +1,5 @@
-"""Loading parse-pattern tables (collectors/catalogs/*.toml) and the cheap prefilter.
+"""Loading parse-pattern tables (the ``[[kind]]`` part of faultlens/catalogs/kernel.toml,
+nccl.toml) and the cheap prefilter.
 
 A table is an ordered list of ``[[kind]]`` entries: ``name``, ``any`` (substrings,
 at least one must occur) and ``regex``. All substrings of a table are folded into
@@ -16,8 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faultlens.errors import CatalogError
-
-CATALOGS = Path(__file__).resolve().parent / "catalogs"
+from faultlens.signatures import (  # noqa: F401  (one catalog folder, one bad-byte test, one match limit)
+    BAD_INPUT_RE,
+    CATALOGS,
+    MATCH_LIMIT,
+    bounded,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,30 +43,25 @@ class KindTable:
     """An ordered pattern table with its one-scan prefilter.
 
     ``ordinary_kinds``: kinds that are everyday noise (the agent counts them instead of
-    shipping them); ``noteworthy``: a regex that makes an ordinary record worth shipping
-    anyway (an error word no kind recognises), with ``noteworthy_any`` its substrings
-    (lower case) for the ordinary-line fast path (``hot_regex``).
+    shipping them unless the classifier finds something in them: ``faultlens.signatures.is_ordinary``);
+    ``noteworthy_any``: lower-case substrings one of which every line the family's kind-``other``
+    rules match contains (error words), for the ordinary-line fast path (``hot_regex``).
     """
 
     file: str
     kinds: tuple[KindPattern, ...]
     prefilter: re.Pattern[str]
     ordinary_kinds: frozenset[str] = frozenset({"other"})
-    noteworthy: re.Pattern[str] | None = None
     noteworthy_any: tuple[str, ...] = ()
-
-    def is_ordinary(self, kind: str, message: str, raw: str) -> bool:
-        """An everyday record: an ordinary kind, no error word, no bad bytes (those are kept)."""
-        if kind not in self.ordinary_kinds or BAD_INPUT_RE.search(raw) is not None:
-            return False
-        return self.noteworthy is None or self.noteworthy.search(message) is None
 
     def words(self) -> list[str]:
         """Every substring (lower case) that can make a line anything but ordinary."""
         return [s.lower() for k in self.kinds for s in k.any] + [s.lower() for s in self.noteworthy_any]
 
     def match(self, text: str) -> tuple[str, re.Match[str] | None]:
-        """(kind, match) of the first entry that matches, ``("other", None)`` otherwise."""
+        """(kind, match) of the first entry that matches, ``("other", None)`` otherwise.
+        A long record is judged by its head and tail (``signatures.bounded`` says why)."""
+        text = bounded(text)
         if self.prefilter.search(text.lower()) is None:
             return "other", None
         for k in self.kinds:
@@ -104,22 +104,11 @@ def load_kind_table(path: Path) -> KindTable:
     nw_any = ordinary.get("noteworthy_any", [])
     if not isinstance(nw_any, list) or not all(isinstance(x, str) and x for x in nw_any):
         raise CatalogError("`noteworthy_any` must be a list of non-empty substrings", file=str(path), entry="ordinary")
-    nw = None
     if "noteworthy" in ordinary:
-        try:
-            nw = re.compile(ordinary["noteworthy"])
-        except (re.error, TypeError) as exc:
-            raise CatalogError(f"bad `noteworthy` regex: {exc}", file=str(path), entry="ordinary") from None
-        if not nw_any:
-            raise CatalogError("`noteworthy` needs `noteworthy_any` (its substrings, for the fast path)", file=str(path),
-                               entry="ordinary")
-    return KindTable(str(path), tuple(kinds), prefilter_regex(s for k in kinds for s in k.any), frozenset(okinds), nw,
+        raise CatalogError("`noteworthy` is gone: what an unrecognised line means is the family's kind-`other` "
+                           "[[rule]]s; list their words in `noteworthy_any`", file=str(path), entry="ordinary")
+    return KindTable(str(path), tuple(kinds), prefilter_regex(s for k in kinds for s in k.any), frozenset(okinds),
                      tuple(nw_any))
-
-
-# Bytes that are not text: an undecodable byte (U+FFFD after decoding) or a control
-# character. A line carrying one is bad input: kept and shipped, never counted away.
-BAD_INPUT_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 def prefilter_regex(substrings: Iterable[str]) -> re.Pattern[str]:

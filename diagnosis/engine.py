@@ -144,6 +144,8 @@ class DiagnosisEngine:
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
         self._classify = _load_classify() if classify == "auto" else classify
+        # the same context rules as explain (repeats, derived Xids); a caller-given classify gets none
+        self._classify_ctx = _new_classify_context() if classify == "auto" else None
         self.now = 0.0
         self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
@@ -222,7 +224,8 @@ class DiagnosisEngine:
         finding = None
         if self._classify is not None:
             try:
-                finding = self._classify(record)
+                finding = self._classify(record, self._classify_ctx) if self._classify_ctx is not None \
+                    else self._classify(record)
             except Exception:
                 log.debug("classify failed on a line", exc_info=True)
         nan_re = self.catalog.nan_patterns
@@ -586,6 +589,15 @@ def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
 
 # Incident kinds where a machine is slow rather than dead: the planner may keep it.
 ADAPTABLE_KINDS = frozenset({"fail_slow", "thermal_throttle", "pcie_degradation"})
+
+
+def _new_classify_context() -> Any:
+    """One classify context per engine (None when diagnosis.classify is absent)."""
+    try:
+        from faultlens.diagnosis.classify import ClassifyContext
+    except ImportError:
+        return None
+    return ClassifyContext()
 
 
 def _load_classify() -> Any:

@@ -155,10 +155,15 @@ class SignalMatcher:
                 continue
             if rule.pattern is not None and not rule.pattern.search(record.raw):
                 continue
-            if not (rule.xid or rule.record_kind or rule.pattern):
+            # finding_kind on a log record: the classifier's verdict (faultlens.signatures), the same
+            # one explain and the agent's ship filter use, instead of a second reading of the text
+            if rule.finding_kind and (finding is None or finding.kind not in rule.finding_kind):
+                continue
+            if not (rule.xid or rule.record_kind or rule.pattern or rule.finding_kind):
                 continue
             return Signal(
-                ts=record.ts, job=job, kind=rule.kind or record.kind, role=rule.role, confidence=rule.confidence,
+                ts=record.ts, job=job, kind=rule.kind or record.kind, role=rule.role,
+                confidence=rule.confidence if rule.confidence >= 0 or finding is None else finding.confidence,
                 rule=f"policy:{rule.name}", source=source, text=record.raw, node=record.node,
                 rank=rank if rank is not None else record.rank, gpu=getattr(record, "gpu", None),
                 category=finding.category if finding else None,

@@ -18,14 +18,21 @@ import orjson
 
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
+from faultlens.collectors.nvsmi_text import looks_like_nvsmi, normalize
 from faultlens.collectors.stacks import looks_like_pyspy
 from faultlens.collectors.steps import StepLogParser, step_fields_duration
-from faultlens.diagnosis.classify import Classification, ClassifyContext, catalogs, classify
+from faultlens.diagnosis.classify import (
+    Classification,
+    ClassifyContext,
+    catalogs,
+    classify,
+    classify_nvsmi,
+)
 from faultlens.stream.schema import KernelEvent, StepTiming
 
-SOURCES = ("kernel", "nccl", "stack", "steps", "unknown")
+SOURCES = ("kernel", "nccl", "stack", "steps", "nvsmi", "unknown")
 _KERNEL_HINT = re.compile(r"NVRM|kernel: |^\[\s*[+]?\d+\.\d+\]|^\d+,\d+,\d+,|mlx5_core|EDAC|^kern\s+:|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} ", re.M)
-_NCCL_HINT = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Traceback \(most recent|\[rank\d+\]:|torch\.distributed|WorkNCCL|nccl\w+Error", re.M)
+_NCCL_HINT = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Traceback \(most recent|\[rank\d+\]:|torch\.distributed|WorkNCCL|nccl\w+Error|^(?:\w+\.)*\w*(?:Error|Exception): |^\s+File \"[^\"]+\", line \d+", re.M)
 _STEPS_HINT = re.compile(r"iteration\s+\d+\s*/\s*\d+|step:\s*\d+\s+loss:|global_step=|\"duration_s\"|\d+/\d+ \[[\d:]+<", re.M)
 EMPTY = Classification("none", "info", "none", "Empty line.", "empty")
 NOT_STEP = Classification("none", "info", "none", "Not a step line (framework log text).", "steps.other")
@@ -42,14 +49,18 @@ class ExplainedLine:
     def to_json(self) -> dict:
         c = self.c
         return {"line_no": self.line_no, "text": self.text, "source": self.source, "category": c.category,
-                "xid": c.xid, "severity": c.severity, "action": c.action, "meaning": c.meaning}
+                "xid": c.xid, "severity": c.severity, "action": c.action, "meaning": c.meaning,
+                # added fields (DESIGN's are kept): which signature catalog and entry said so, and its source
+                "family": c.family or None, "entry": c.rule, "reference": c.reference or None}
 
 
 def detect_format(head: list[str]) -> str:
-    """kernel | nccl | stack | steps | unknown, from the first lines of a file."""
+    """kernel | nccl | stack | steps | nvsmi | unknown, from the first lines of a file."""
     text = "\n".join(head)
     if looks_like_pyspy(text) and not _NCCL_HINT.search(text):
         return "stack"
+    if looks_like_nvsmi(text) and not (_KERNEL_HINT.search(text) or _NCCL_HINT.search(text) or _STEPS_HINT.search(text)):
+        return "nvsmi"
     scores = {"kernel": len(_KERNEL_HINT.findall(text)), "nccl": len(_NCCL_HINT.findall(text)),
               "steps": len(_STEPS_HINT.findall(text))}
     best = max(scores, key=lambda k: scores[k])
@@ -209,6 +220,10 @@ def explain_lines(lines: Iterable[str], fmt: str | None = None, *, year: int | N
             yield ExplainedLine(no, line, "stack", STACK_LINE if line.strip() else EMPTY)
     elif fmt == "steps":
         yield from _steps(all_lines())
+    elif fmt == "nvsmi":  # nvidia-smi -q / dcgmi diag text: catalogs/nvsmi.toml
+        raw = [ln.rstrip("\r\n") for ln in all_lines()]
+        for no, (line, norm) in enumerate(zip(raw, normalize(raw), strict=True), 1):
+            yield ExplainedLine(no, line, "nvsmi", classify_nvsmi(norm) if line.strip() else EMPTY)
     else:
         for no, line in enumerate(all_lines(), 1):
             yield ExplainedLine(no, line.rstrip("\r\n"), "unknown", Classification("unknown", "info", "none", "Not recognised.", None))

@@ -18,7 +18,7 @@ import pytest
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.patterns import BAD_INPUT_RE, hot_regex
-from faultlens.diagnosis.classify import catalogs
+from faultlens.diagnosis.classify import catalogs, classify, is_ordinary
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KERNEL_NOISE = [
@@ -57,7 +57,7 @@ NCCL_NOISE = [
 
 def _real_lines(source: str) -> list[str]:
     lines = []
-    for scenario in ("real", "project", "negative"):
+    for scenario in ("real", "project", "families", "negative"):
         p = FIXTURES / source / scenario / "input.log"
         if p.exists():
             lines += p.read_text().splitlines()
@@ -82,7 +82,7 @@ def _stream(source: str, seed: int, n: int = 3000) -> list[str]:
 
 def _label(rec, table) -> object:
     d = dataclasses.asdict(rec)
-    if table.is_ordinary(rec.kind, rec.message, rec.raw):
+    if is_ordinary(rec):
         assert rec.kind in table.ordinary_kinds and not BAD_INPUT_RE.search(rec.raw)
         return "ordinary"
     return json.dumps(d, sort_keys=True, default=str)
@@ -144,18 +144,24 @@ def test_feed_many_equals_feed(source: str, seed: int) -> None:
     assert shipped  # the stream has real records
 
 
-def test_noteworthy_matches_diagnosis_rules_for_other() -> None:
-    """The agent ships an unrecognised line exactly when diagnosis would file it as an error."""
+def test_noteworthy_words_cover_the_rules_for_other() -> None:
+    """Every line a kind-`other` rule files as an error holds one of the fast path's words,
+    so the agent never settles such a line as ordinary without classifying it."""
+    from faultlens.stream.schema import KernelEvent, NcclEvent
+
     cats = catalogs()
-    for table, rules in ((KernelParser().kinds, cats.kernel), (NcclParser().kinds, cats.nccl)):
-        for r in rules:
-            if "other" in r.kinds and r.match is not None:
-                assert r.match.pattern == table.noteworthy.pattern, r.id
+    texts = ("I/O Error here", "task failed", "page fault", "timed out", "Time out", "kernel BUG", "Call Trace:",
+             "critical", "Aborting", "killed", "Exception", "FAILURE", "abort()")
+    for parser, rules, cls in ((KernelParser(), cats.kernel, KernelEvent), (NcclParser(), cats.nccl, NcclEvent)):
+        table = parser.kinds
         hot = hot_regex(table.noteworthy_any)
-        for text in ("I/O Error here", "task failed", "page fault", "timed out", "Time out", "kernel BUG", "Call Trace:",
-                     "critical", "Aborting", "killed", "Exception"):
-            if table.noteworthy.search(text):
+        other = [r for r in rules if "other" in r.kinds and r.match is not None]
+        assert other, table.file
+        for text in texts:
+            rec = cls(ts=0.0, node="n", kind="other", raw=text, message=text)
+            if not classify(rec).benign:
                 assert hot.search(text.lower()), (table.file, text)
+                assert not is_ordinary(rec)
 
 
 def test_hot_filter_finds_the_same_lines_in_a_chunk_as_line_by_line() -> None:

@@ -20,7 +20,9 @@ from faultlens.collectors.steps import StepLogParser, StepReporter
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REGEN = os.environ.get("FAULTLENS_REGEN") == "1"
-CASES = [("kernel", "real"), ("kernel", "project"), ("kernel", "negative"), ("nccl", "real"), ("nccl", "project")]
+CASES = [("kernel", "real"), ("kernel", "project"), ("kernel", "families"), ("kernel", "negative"), ("nccl", "real"),
+         ("nccl", "families"),
+         ("nccl", "project")]
 
 
 def _parse(source: str, path) -> list[dict]:

@@ -40,9 +40,6 @@ def test_bad_corpus_line_names_file_and_line(tmp_path) -> None:
         rw.load(tmp_path)
 
 
-@pytest.mark.xfail(strict=False, reason="main is below 95% on this corpus (category 83%, action 76% on 366 entries, "
-                   "2026-11-25); the classifier fixes of issue 14 items 1-3 are on branch sig. Remove this mark "
-                   "once they are merged.")
 def test_agreement_with_expert_labels() -> None:
     o = RESULT["overall"]
     misses = rw.misses(RESULT)

@@ -61,7 +61,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
                         counts[got[0].category] += per_c.pop(key, 0)
                         worst = max(worst, sev_rank[got[0].severity])
                     got = tails[key] = (c, orjson.dumps({"source": e.source, "category": c.category, "xid": c.xid,
-                                                         "severity": c.severity, "action": c.action, "meaning": c.meaning})[1:])
+                                                         "severity": c.severity, "action": c.action, "meaning": c.meaning,
+                                                         "family": c.family or None, "entry": c.rule,
+                                                         "reference": c.reference or None})[1:])
                     per_c.setdefault(key, 0)
                 per_c[key] += 1
                 if args.json:
@@ -72,8 +74,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
                         continue
                     line = f"{e.line_no:>7} {c.severity:<8} {c.category:<13} {c.action:<15} {e.text}\n"
                     if c.category != "none" and (c.rule, c.meaning) != last_rule:
-                        xid = f"Xid {c.xid}: " if c.xid is not None else ""
-                        line += f"{'':>7} -> {xid}{c.meaning}\n"
+                        xid = f"Xid {c.xid}: " if c.xid is not None and not c.meaning.startswith("Xid ") else ""
+                        entry = f"[{c.family} {c.rule}] " if c.rule else ""
+                        line += f"{'':>7} -> {entry}{xid}{c.meaning}\n"
                     last_rule = (c.rule, c.meaning)
                     buf.append(line.encode("utf-8", "replace"))
                 if len(buf) >= 4096:
