@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO
 
 # Folders of shipped data, and the files in them that are documentation, not data.
-DATA_DIRS = ("collectors/catalogs", "diagnosis/catalogs", "diagnosis/schemas", "models/catalogs", "models/shipped")
+DATA_DIRS = ("faultlens/catalogs", "diagnosis/catalogs", "diagnosis/schemas", "models/catalogs", "models/shipped")
 NOT_DATA = {"models/shipped/MODEL_CARD.md"}
 
 
@@ -34,9 +34,11 @@ def _nccl_kinds() -> Any:
 
 
 def _classify_catalogs() -> Any:
-    from faultlens.diagnosis.classify import load_catalogs
+    from faultlens.signatures import all_rules, load_catalogs
 
-    return load_catalogs()
+    cats = load_catalogs()
+    assert all_rules(cats), "the signature catalogs loaded no rule"
+    return cats
 
 
 def _counters() -> Any:
@@ -97,11 +99,11 @@ def _shipped_model() -> Any:
 
 # shipped file -> the production loader that reads it (files read together share one loader)
 LOADERS: dict[str, Callable[[], Any]] = {
-    "collectors/catalogs/kernel_kinds.toml": _kernel_kinds,
-    "collectors/catalogs/nccl_kinds.toml": _nccl_kinds,
-    "diagnosis/catalogs/xid.toml": _classify_catalogs,
-    "diagnosis/catalogs/kernel.toml": _classify_catalogs,
-    "diagnosis/catalogs/nccl.toml": _classify_catalogs,
+    "faultlens/catalogs/kernel.toml": _kernel_kinds,
+    "faultlens/catalogs/nccl.toml": _nccl_kinds,
+    "faultlens/catalogs/xid.toml": _classify_catalogs,
+    "faultlens/catalogs/sxid.toml": _classify_catalogs,
+    "faultlens/catalogs/nvsmi.toml": _classify_catalogs,
     "diagnosis/catalogs/counters.toml": _counters,
     "diagnosis/catalogs/inhibit.toml": _inhibit,
     "diagnosis/catalogs/policy.toml": _policy,
