@@ -383,7 +383,7 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
                       meaning=f"Xid {code} ({entry.name}) on the same GPU from {len(pids)} different processes: "
                               "the GPU, not the application, is the likely cause. Run diagnostics on it before reuse.")
     printed = cx.get("printed_severity")
-    if printed and code in printed.get("codes", ()) and not c.rule.endswith(".driver_process"):
+    if printed and code in printed.get("codes", ()) and not (c.rule or "").endswith(".driver_process"):
         sev = PRINTED_SEVERITY_RE.search((rec.message or "")[:MATCH_LIMIT])
         if sev is not None:
             fatal = sev.group(1).lower() == "fatal"
