@@ -336,7 +336,7 @@ class DiagnosisEngine:
         st = inc.state
         st.setdefault("pending", "hang")
         if not self.batch and "command" not in st:
-            cmd = Command(id=_id("cmd", inc.id, now), ts=now, kind="dump_stacks", job=inc.job,
+            cmd = Command(id=_id("cmd", inc.id, "dump_stacks"), ts=now, kind="dump_stacks", job=inc.job,
                           params={"incident_id": inc.id, "reason": "hang"})
             st["command"] = cmd.id
             st["requested_ts"] = now
@@ -438,7 +438,9 @@ class DiagnosisEngine:
         inc.decided.add(d.type)
         suspects = [s for s in inc.record().suspects]
         action = Action(
-            id=_id("act", inc.id, self.now, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
+            # Deterministic (incident, type): an incident takes each action type once, and a replay or a
+            # restored instance re-derives the same id, which the runner executes at most once.
+            id=_id("act", inc.id, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
             nodes=list(d.nodes), suspects=suspects, evidence=list(inc.evidence[:20]), confidence=round(d.confidence, 4),
             dry_run=self.config.guard.dry_run, reason=d.reason + (f" [guard: {'; '.join(verdict.notes)}]" if verdict.notes else ""),
             plan=d.plan,

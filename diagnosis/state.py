@@ -1,0 +1,216 @@
+"""Per-job diagnosis state: one engine per job, checkpointed to a changelog topic keyed by job.
+
+The Kafka Streams / Quix Streams state-store pattern, by hand: the state of
+the jobs of repartition partition *p* lives in changelog partition *p* (same
+partition count), one message per job key, the newest wins. A checkpoint of a
+job holds:
+
+* the engine's dynamic state (``DYNAMIC``: incident book, bursts, inhibition,
+  guard history, counters, detectors' baselines, step history...), never its
+  static parts (``STATIC``: configuration, catalogs, the node-health store);
+* ``next_offset``: the repartition offset after the last record applied, so a
+  restore skips records the checkpoint already reflects;
+* ``sources``: the last source offset per (kind, source key), so a record the
+  repartitioner forwarded twice is applied once;
+* ``outbox``: outputs decided but maybe not yet on the bus; a restored owner
+  sends them again (same ids: the runner's ledger and the incident key make
+  that harmless), so an action decided just before a crash is never lost.
+
+Each checkpoint round ends with a marker (key ``~mark``) per partition: the
+offset from which a new owner replays. Keys checkpointed in a round that did
+not finish are newer than the marker and skip what they already hold.
+
+Checkpoints are pickled (zlib-compressed): the engine's state is a graph of
+Python objects that has no other serial form yet. The changelog topic is
+internal: only diagnosis instances may write it (a broker ACL), as with any
+Kafka Streams changelog; once the engine's state has to_dict/from_dict, the
+format changes to JSON (``FORMAT`` is in every value).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from faultlens.config import Config
+from faultlens.diagnosis.engine import DiagnosisEngine
+from faultlens.errors import BusError
+from faultlens.stream import topics
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MARK_KEY = "~mark"
+# The engine's attributes, split: what a checkpoint carries and what a new owner builds itself.
+# A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
+# and closures are rebuilt by the new owner, its per-GPU memory is carried).
+STATIC = frozenset({"config", "batch", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
+                    "counters"})
+DYNAMIC = ("book", "counters._gpus", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
+           "_evicted", "now", "_final", "counts")
+
+
+def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
+    """Engine attributes that are neither STATIC nor DYNAMIC (a test keeps this empty)."""
+    return set(vars(engine)) - STATIC - {d.split(".", 1)[0] for d in DYNAMIC}
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set(obj: Any, dotted: str, value: Any) -> None:
+    *head, last = dotted.split(".")
+    for part in head:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+@dataclass
+class JobState:
+    """One job's engine and its bookkeeping on one instance."""
+
+    key: str
+    partition: int
+    engine: DiagnosisEngine
+    next_offset: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+    outbox: list[Any] = field(default_factory=list)
+    dirty: bool = False
+    topology: bytes | None = None  # the topology message last applied (a repeat is skipped)
+
+    def seen(self, kind: str, source_key: str, source_offset: int) -> bool:
+        """True when this (kind, source key) record was applied already; else remember it."""
+        k = f"{kind}/{source_key}"
+        if source_offset <= self.sources.get(k, -1):
+            return True
+        self.sources[k] = source_offset
+        return False
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, f: io.BytesIO, engine: DiagnosisEngine):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._engine = engine
+
+    def persistent_id(self, obj: Any) -> Any:
+        e = self._engine
+        if obj is None or isinstance(obj, (str, int, float, bool)):
+            return None
+        if obj is e.config:
+            return ("config",)
+        if e.node_health is not None:
+            if obj is e.node_health:
+                return ("node_health",)
+            if getattr(obj, "__self__", None) is e.node_health:
+                return ("node_health_method", obj.__name__)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f: io.BytesIO, engine: DiagnosisEngine):
+        super().__init__(f)
+        self._engine = engine
+
+    def persistent_load(self, pid: Any) -> Any:
+        e = self._engine
+        if pid[0] == "config":
+            return e.config
+        if pid[0] == "node_health":
+            return e.node_health
+        if pid[0] == "node_health_method":
+            return getattr(e.node_health, pid[1]) if e.node_health is not None else None
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def snapshot(state: JobState) -> bytes:
+    """A job's checkpoint value (see the module docstring)."""
+    body = {"format": FORMAT, "key": state.key, "next_offset": state.next_offset, "sources": state.sources,
+            "outbox": state.outbox, "topology": state.topology,
+            "engine": {name: _get(state.engine, name) for name in DYNAMIC}}
+    buf = io.BytesIO()
+    _Pickler(buf, state.engine).dump(body)
+    return zlib.compress(buf.getvalue(), 1)
+
+
+def restore(value: bytes, partition: int, make_engine: Callable[[str], DiagnosisEngine], key: str = "") -> JobState:
+    """Rebuild a JobState from its checkpoint: a fresh engine with the dynamic state put back."""
+    engine = make_engine(key)
+    body = _Unpickler(io.BytesIO(zlib.decompress(value)), engine).load()
+    if body.get("format") != FORMAT:
+        raise ValueError(f"checkpoint format {body.get('format')} is not {FORMAT}")
+    for name, value_ in body["engine"].items():
+        _set(engine, name, value_)
+    return JobState(key=body["key"], partition=partition, engine=engine, next_offset=body["next_offset"],
+                    sources=body["sources"], outbox=list(body["outbox"]), topology=body.get("topology"))
+
+
+def mark_value(next_offset: int, stream_time: float) -> bytes:
+    return orjson.dumps({"next_offset": next_offset, "stream_time": stream_time, "wall": time.time()})
+
+
+@dataclass
+class Restored:
+    """What a changelog partition held: the newest checkpoint per key and the last marker."""
+
+    values: dict[str, bytes]
+    mark: dict[str, Any] | None
+    records_read: int
+    seconds: float
+
+
+def read_changelog(config: Config, bootstrap: str | None, partition: int, *, timeout_s: float = 60.0) -> Restored:
+    """Read changelog partition ``partition`` to its end (the restore on assignment).
+
+    The broker may not compact (Tansu does not): then this reads every checkpoint
+    ever written to the partition, and the newest per key wins all the same.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    from faultlens.stream.bus import client_kwargs
+
+    started = time.monotonic()
+    name = topics.topic("diag-changelog", config.bus.topic_prefix)
+    tp = TopicPartition(name, partition)
+    values: dict[str, bytes] = {}
+    mark = None
+    n = 0
+    try:
+        c = KafkaConsumer(**client_kwargs(config.bus, bootstrap), enable_auto_commit=False, group_id=None,
+                          fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=32 * 1024 * 1024)
+    except KafkaError as exc:
+        raise BusError(f"cannot read {name}[{partition}]: {exc}") from exc
+    try:
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        end = c.end_offsets([tp])[tp]
+        while c.position(tp) < end:
+            if time.monotonic() - started > timeout_s:
+                raise BusError(f"restoring {name}[{partition}] took over {timeout_s:.0f} s "
+                               f"({c.position(tp)}/{end} read)")
+            for msgs in c.poll(timeout_ms=500, max_records=5000).values():
+                for m in msgs:
+                    n += 1
+                    key = m.key.decode() if m.key else ""
+                    if key == MARK_KEY:
+                        mark = orjson.loads(m.value)
+                    elif m.value is None:
+                        values.pop(key, None)
+                    else:
+                        values[key] = m.value
+    except KafkaError as exc:
+        raise BusError(f"restoring {name}[{partition}] failed: {exc}") from exc
+    finally:
+        c.close()
+    return Restored(values, mark, n, time.monotonic() - started)
