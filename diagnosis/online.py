@@ -125,6 +125,7 @@ class DiagnosisService:
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
+        self._input_loop: ConsumeLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._categories_seen: set[str] = set()
@@ -206,10 +207,14 @@ class DiagnosisService:
     def _apply(self, batch: Sequence[Message]) -> None:
         """ConsumeLoop handler for the repartition topic: apply, then checkpoint and send."""
         self._rebalanced()
+        unowned: dict[int, int] = {}
         for m in batch:
             p = m.partition
-            if p not in self.partitions or m.offset < self._marked.get(p, 0):
-                continue  # revoked meanwhile, or already in a finished checkpoint round
+            if p not in self.partitions:
+                unowned[p] = min(unowned.get(p, m.offset), m.offset)
+                continue
+            if m.offset < self._marked.get(p, 0):
+                continue  # already in a finished checkpoint round
             key = m.key or "unknown"
             if key.startswith(UNJOBBED_PREFIX):
                 key = f"~nodes/{p}"
@@ -242,8 +247,23 @@ class DiagnosisService:
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
                 self.stream_time[p] = float(ts)
             st.outbox.extend(st.engine.observe(record))
+        if unowned:
+            self._refetch(unowned)
         self._tick()
         self._flush()
+
+    def _refetch(self, first: dict[int, int]) -> None:
+        """Records of a partition this instance is assigned but has not restored yet (its rebalance
+        event came after the fetch): seek back so they come again once the state is in."""
+        from kafka import TopicPartition
+
+        if self._rep_consumer is None:
+            return
+        name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
+        assigned = {tp.partition for tp in self._rep_consumer.raw.assignment()}
+        for p, off in first.items():
+            if p in assigned:
+                self._rep_consumer.raw.seek(TopicPartition(name, p), off)
 
     def _tick(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -293,7 +313,11 @@ class DiagnosisService:
 
     def _hold_back(self) -> dict[tuple[str, int], int]:
         name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
-        return {(name, p): self._marked.get(p, 0) for p in self.partitions}
+        caps = {(name, p): self._marked.get(p, 0) for p in self.partitions}
+        if self._rep_consumer is not None:
+            for tp in self._rep_consumer.raw.assignment():
+                caps.setdefault((tp.topic, tp.partition), -1)  # assigned, not restored yet
+        return caps
 
     # ------------------------------------------------------------------ outputs
 
@@ -348,7 +372,7 @@ class DiagnosisService:
             rep = self._rep_consumer = Consumer(bus, [REPARTITION], group_id=gid, bootstrap=self.bootstrap,
                                                 from_beginning=True, listener=_listener(self),
                                                 fetch_max_wait_ms=self.poll_timeout_ms)
-            rep_loop = ConsumeLoop(inputs, self.repartitioner.handle, producer=producer, name="repartition",
+            rep_loop = self._input_loop = ConsumeLoop(inputs, self.repartitioner.handle, producer=producer, name="repartition",
                                    hold_back=self.repartitioner.hold_back)
             self._diag_loop = ConsumeLoop(rep, self._apply, producer=producer, name="diagnosis",
                                           hold_back=self._hold_back)

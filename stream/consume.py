@@ -22,7 +22,8 @@ Failure handling, by phase:
 
 ``hold_back()`` lets a handler that keeps records in memory (the repartitioner
 holding a node's records until its job is known) cap the committed offsets
-below the oldest record it has not passed on yet.
+below the oldest record it has not passed on yet (a negative cap: commit nothing
+there). Only partitions the consumer is assigned now are ever committed.
 """
 
 from __future__ import annotations
@@ -161,11 +162,23 @@ class ConsumeLoop:
         """Commit what was handled, capped by ``hold_back`` (records still held in memory)."""
         if not self._uncommitted:
             return
-        offsets = dict(self._uncommitted)
+        try:
+            owned = {(tp.topic, tp.partition) for tp in self.consumer.raw.assignment()}
+        except Exception:  # noqa: BLE001 - no assignment known: commit nothing this round
+            owned = set()
+        # Never commit a partition a rebalance took away: its new owner's position must stand.
+        offsets = {k: v for k, v in self._uncommitted.items() if k in owned}
+        for k in set(self._uncommitted) - owned:
+            del self._uncommitted[k]
         if self.hold_back is not None:
             for key, cap in self.hold_back().items():
                 if key in offsets:
-                    offsets[key] = min(offsets[key], cap)
+                    if cap < 0:  # the handler does not hold this partition yet: not ours to commit
+                        del offsets[key]
+                    else:
+                        offsets[key] = min(offsets[key], cap)
+        if not offsets:
+            return
         if self.producer is not None and self.stats.dead_letters:
             try:
                 self.producer.flush(10.0)  # dead letters are effects too
