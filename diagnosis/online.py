@@ -43,9 +43,9 @@ from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.state import (
     MARK_KEY,
+    ChangelogReader,
     JobState,
     mark_value,
-    read_changelog,
     restore,
     snapshot,
 )
@@ -95,7 +95,7 @@ class DiagnosisService:
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
                  from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
-                 checkpoint_interval_s: float = 1.0):
+                 checkpoint_interval_s: float = 1.0, lookback_s: float = 60.0):
         self.config = config
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
@@ -109,6 +109,7 @@ class DiagnosisService:
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
         self.checkpoint_interval_s = checkpoint_interval_s
+        self.lookback_s = lookback_s
         self.engine = _FleetView(self)
         self.repartitioner: Repartitioner | None = None
         self.states: dict[str, JobState] = {}
@@ -119,6 +120,7 @@ class DiagnosisService:
         self._last_checkpoint = 0.0
         self._last_tick = 0.0
         self.decode_errors = 0
+        self.applied = 0  # repartitioned records applied to an engine
         self.produced = 0
         self.checkpoints = 0
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
@@ -126,6 +128,7 @@ class DiagnosisService:
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
         self._input_loop: ConsumeLoop | None = None
+        self._changelog: ChangelogReader | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._categories_seen: set[str] = set()
@@ -177,7 +180,9 @@ class DiagnosisService:
     def _on_assigned(self, partitions: list[int]) -> None:
         for p in sorted(set(partitions) - self.partitions):
             started = time.monotonic()
-            restored = read_changelog(self.config, self.bootstrap, p)
+            if self._changelog is None:
+                self._changelog = ChangelogReader(self.config, self.bootstrap)
+            restored = self._changelog.read(p)
             keys = 0
             for key, value in restored.values.items():
                 try:
@@ -246,6 +251,7 @@ class DiagnosisService:
             ts = getattr(record, "ts", None)
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
                 self.stream_time[p] = float(ts)
+            self.applied += 1
             st.outbox.extend(st.engine.observe(record))
         if unowned:
             self._refetch(unowned)
@@ -362,12 +368,15 @@ class DiagnosisService:
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
         producer = self._producer = Producer(bus, self.bootstrap, linger_ms=0)
-        self.repartitioner = Repartitioner(producer, unknown_hold_s=self.unknown_hold_s)
+        # A new group reads the input from the start and skips what is older than a short lookback:
+        # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
+        not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)
+        self.repartitioner = Repartitioner(producer, unknown_hold_s=self.unknown_hold_s, not_before_ms=not_before)
         jobs_reader = inputs = rep = None
         try:
             jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
             inputs = Consumer(bus, [k for k in INPUT_KINDS if k != "jobs"], group_id=f"{gid}-repartition",
-                              bootstrap=self.bootstrap, from_beginning=self.from_beginning,
+                              bootstrap=self.bootstrap, from_beginning=True,
                               fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
             rep = self._rep_consumer = Consumer(bus, [REPARTITION], group_id=gid, bootstrap=self.bootstrap,
                                                 from_beginning=True, listener=_listener(self),
@@ -398,7 +407,8 @@ class DiagnosisService:
             rep_loop.commit()
             self._diag_loop.commit()
         finally:
-            close_quietly(inputs, rep, jobs_reader)
+            close_quietly(inputs, rep, jobs_reader, self._changelog)
+            self._changelog = None
             producer.close()
 
     def start(self) -> DiagnosisService:

@@ -52,8 +52,13 @@ def unjobbed_key(node: str) -> str:
 class Repartitioner:
     """Forwards input messages to the repartition topic keyed by job; see the module docstring."""
 
-    def __init__(self, producer: Producer, *, unknown_hold_s: float = 3.0, clock: Any = time.monotonic):
+    def __init__(self, producer: Producer, *, unknown_hold_s: float = 3.0, clock: Any = time.monotonic,
+                 not_before_ms: int = 0):
+        """``not_before_ms``: records stamped (by Kafka) earlier are skipped: a new group reads its
+        topics from the start, so a slow group join loses nothing, but it does not judge history."""
         self.producer = producer
+        self.not_before_ms = not_before_ms
+        self.skipped_old = 0
         self.unknown_hold_s = unknown_hold_s
         self.clock = clock
         self.node_job: dict[str, str] = {}
@@ -92,6 +97,9 @@ class Repartitioner:
     def handle(self, batch: Sequence[Message]) -> None:
         """Forward one batch (ConsumeLoop handler); held records wait, the rest are flushed."""
         for m in batch:
+            if m.timestamp_ms < self.not_before_ms:
+                self.skipped_old += 1
+                continue
             if m.kind in JOB_KEYED:
                 self._send(m, m.key or "unknown", source_key=m.key or "")
             elif m.kind in NODE_KEYED:

@@ -169,48 +169,59 @@ class Restored:
     seconds: float
 
 
-def read_changelog(config: Config, bootstrap: str | None, partition: int, *, timeout_s: float = 60.0) -> Restored:
-    """Read changelog partition ``partition`` to its end (the restore on assignment).
+class ChangelogReader:
+    """Reads changelog partitions to their end (the restore on assignment), with one client for
+    the life of the instance: a new client per restore would re-bootstrap the cluster metadata
+    each time, and on Tansu that churn keeps the instance's other groups re-joining.
 
-    The broker may not compact (Tansu does not): then this reads every checkpoint
-    ever written to the partition, and the newest per key wins all the same.
-    """
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.errors import KafkaError
+    The broker may not compact (Tansu does not): then a restore reads every checkpoint ever
+    written to the partition, and the newest per key wins all the same."""
 
-    from faultlens.stream.bus import client_kwargs
+    def __init__(self, config: Config, bootstrap: str | None):
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
 
-    started = time.monotonic()
-    name = topics.topic("diag-changelog", config.bus.topic_prefix)
-    tp = TopicPartition(name, partition)
-    values: dict[str, bytes] = {}
-    mark = None
-    n = 0
-    try:
-        c = KafkaConsumer(**client_kwargs(config.bus, bootstrap), enable_auto_commit=False, group_id=None,
-                          fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=32 * 1024 * 1024)
-    except KafkaError as exc:
-        raise BusError(f"cannot read {name}[{partition}]: {exc}") from exc
-    try:
-        c.assign([tp])
-        c.seek_to_beginning(tp)
-        end = c.end_offsets([tp])[tp]
-        while c.position(tp) < end:
-            if time.monotonic() - started > timeout_s:
-                raise BusError(f"restoring {name}[{partition}] took over {timeout_s:.0f} s "
-                               f"({c.position(tp)}/{end} read)")
-            for msgs in c.poll(timeout_ms=500, max_records=5000).values():
-                for m in msgs:
-                    n += 1
-                    key = m.key.decode() if m.key else ""
-                    if key == MARK_KEY:
-                        mark = orjson.loads(m.value)
-                    elif m.value is None:
-                        values.pop(key, None)
-                    else:
-                        values[key] = m.value
-    except KafkaError as exc:
-        raise BusError(f"restoring {name}[{partition}] failed: {exc}") from exc
-    finally:
-        c.close()
-    return Restored(values, mark, n, time.monotonic() - started)
+        from faultlens.stream.bus import client_kwargs
+
+        self.name = topics.topic("diag-changelog", config.bus.topic_prefix)
+        try:
+            self._consumer = KafkaConsumer(**client_kwargs(config.bus, bootstrap), enable_auto_commit=False,
+                                           group_id=None, fetch_max_bytes=64 * 1024 * 1024,
+                                           max_partition_fetch_bytes=32 * 1024 * 1024)
+        except KafkaError as exc:
+            raise BusError(f"cannot read {self.name}: {exc}") from exc
+
+    def read(self, partition: int, *, timeout_s: float = 60.0) -> Restored:
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        started = time.monotonic()
+        c = self._consumer
+        tp = TopicPartition(self.name, partition)
+        values: dict[str, bytes] = {}
+        mark = None
+        n = 0
+        try:
+            c.assign([tp])
+            c.seek_to_beginning(tp)
+            end = c.end_offsets([tp])[tp]
+            while c.position(tp) < end:
+                if time.monotonic() - started > timeout_s:
+                    raise BusError(f"restoring {self.name}[{partition}] took over {timeout_s:.0f} s "
+                                   f"({c.position(tp)}/{end} read)")
+                for msgs in c.poll(timeout_ms=500, max_records=5000).values():
+                    for m in msgs:
+                        n += 1
+                        key = m.key.decode() if m.key else ""
+                        if key == MARK_KEY:
+                            mark = orjson.loads(m.value)
+                        elif m.value is None:
+                            values.pop(key, None)
+                        else:
+                            values[key] = m.value
+        except KafkaError as exc:
+            raise BusError(f"restoring {self.name}[{partition}] failed: {exc}") from exc
+        return Restored(values, mark, n, time.monotonic() - started)
+
+    def close(self) -> None:
+        self._consumer.close()
