@@ -94,7 +94,9 @@ def worker(args: argparse.Namespace) -> None:
     def report() -> None:
         while True:
             r = service.repartitioner
+            loop = service._diag_loop
             data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
+                    "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
                     "forwarded": r.forwarded if r else 0, "partitions": sorted(service.partitions),
                     "jobs": sorted(k for k in list(service.states) if not k.startswith("~")),
                     "restores": service.restores[-32:], "produced": service.produced}
@@ -258,15 +260,18 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         start = next((m for m in marks if m[0] - t0 >= join_s), marks[0]) if join_s == join_s else marks[0]
         end = marks[-1]
         rate = (end[1] - start[1]) / max(1e-9, end[0] - start[0])
+        busy = [s.get("busy_s", 0.0) for s in per]
+        capacity = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, busy, strict=True)]
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
                "records_by_instance": [s.get("applied", 0) for s in per],
-               "jobs_by_instance": [len(s.get("jobs", [])) for s in per]}
+               "jobs_by_instance": [len(s.get("jobs", [])) for s in per],
+               "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity}
         out.append(row)
         print(f"  {n} instance(s): {rate:8.0f} records/s in all, {rate / n:7.0f} per instance; partitions "
-              f"{row['partitions']}, records {row['records_by_instance']}, jobs {row['jobs_by_instance']} "
-              f"(join {join_s:.1f} s)", flush=True)
+              f"{row['partitions']}, records {row['records_by_instance']}, jobs {row['jobs_by_instance']}; "
+              f"records per busy second {capacity} (join {join_s:.1f} s)", flush=True)
     return out
 
 

@@ -44,6 +44,7 @@ from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.state import (
     MARK_KEY,
     ChangelogReader,
+    EngineFactory,
     JobState,
     mark_value,
     restore,
@@ -81,10 +82,10 @@ def _listener(service: DiagnosisService) -> Any:
 
     class _Rebalance(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked: Any) -> None:
-            service._events.put(("revoke", [tp.partition for tp in revoked]))
+            service._events.put(("revoke", [tp.partition for tp in revoked if tp.topic == service.rep_topic]))
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            service._events.put(("assign", [tp.partition for tp in assigned]))
+            service._events.put(("assign", [tp.partition for tp in assigned if tp.topic == service.rep_topic]))
 
     return _Rebalance()
 
@@ -95,7 +96,7 @@ class DiagnosisService:
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
                  from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
-                 checkpoint_interval_s: float = 1.0, lookback_s: float = 60.0):
+                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0):
         self.config = config
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
@@ -111,6 +112,7 @@ class DiagnosisService:
         self.checkpoint_interval_s = checkpoint_interval_s
         self.lookback_s = lookback_s
         self.engine = _FleetView(self)
+        self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
         self.repartitioner: Repartitioner | None = None
         self.states: dict[str, JobState] = {}
         self.partitions: set[int] = set()
@@ -127,8 +129,8 @@ class DiagnosisService:
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
-        self._input_loop: ConsumeLoop | None = None
         self._changelog: ChangelogReader | None = None
+        self._factory: EngineFactory | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._categories_seen: set[str] = set()
@@ -138,8 +140,12 @@ class DiagnosisService:
     # ------------------------------------------------------------------ engines and state
 
     def make_engine(self, key: str = "") -> DiagnosisEngine:
-        return DiagnosisEngine(self.config, detectors=[copy.deepcopy(d) for d in self.detectors],
-                               node_health=self.node_health, batch=False)
+        """A job's engine (detectors: copies of the prototypes, so each job has its own baselines)."""
+        if self._factory is None:
+            self._factory = EngineFactory(lambda: DiagnosisEngine(
+                self.config, detectors=[copy.deepcopy(d) for d in self.detectors], node_health=self.node_health,
+                batch=False))
+        return self._factory(key)
 
     def _state(self, key: str, partition: int) -> JobState:
         st = self.states.get(key)
@@ -284,28 +290,22 @@ class DiagnosisService:
                 st.dirty = True
 
     def _flush(self, *, force: bool = False) -> None:
-        """Checkpoint what changed (with its outbox and a marker per partition), then send the outbox."""
+        """Checkpoint what changed (with its outbox and a marker per partition), then send the outbox.
+
+        A partition is checkpointed every ``checkpoint_interval_s``, and at once when one of its jobs
+        has outputs to send (an output never leaves before the state that decided it)."""
         producer = self._producer
         if producer is None:
             return
         pending = [st for st in self.states.values() if st.outbox]
-        due = force or pending or time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s
-        dirty = [st for st in self.states.values() if st.dirty]
-        if due and dirty:
-            parts = set()
-            for st in dirty:
-                producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
-                st.dirty = False
-                parts.add(st.partition)
-            for p in parts | {p for p in self.partitions if self._applied.get(p, 0) > self._marked.get(p, 0)}:
-                producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
-                                                                        self.stream_time.get(p, 0.0)), partition=p)
-            producer.flush(30.0)
-            for p in parts | set(self.partitions):
-                self._marked[p] = max(self._marked.get(p, 0), self._applied.get(p, 0))
-            self.checkpoints += 1
+        if force or time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+            due = set(self.partitions)
             self._last_checkpoint = time.monotonic()
-        if not pending or not due:
+        else:
+            due = {st.partition for st in pending}
+        if due:
+            self._checkpoint(producer, due)
+        if not pending:
             return
         for st in pending:
             for out in st.outbox:
@@ -317,12 +317,31 @@ class DiagnosisService:
             st.outbox = []
             st.dirty = True  # the emptied outbox is checkpointed next round
 
+    def _checkpoint(self, producer: Producer, partitions: set[int]) -> None:
+        """Every changed job of ``partitions``, then each partition's marker, flushed."""
+        dirty = [st for st in self.states.values() if st.dirty and st.partition in partitions]
+        moved = {p for p in partitions if self._applied.get(p, 0) > self._marked.get(p, 0)}
+        if not dirty and not moved:
+            return
+        for st in dirty:
+            producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
+            st.dirty = False
+        marked = {st.partition for st in dirty} | moved
+        for p in marked:
+            producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
+                                                                    self.stream_time.get(p, 0.0)), partition=p)
+        producer.flush(30.0)
+        for p in marked:
+            self._marked[p] = max(self._marked.get(p, 0), self._applied.get(p, 0))
+        self.checkpoints += 1
+
     def _hold_back(self) -> dict[tuple[str, int], int]:
         name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
         caps = {(name, p): self._marked.get(p, 0) for p in self.partitions}
         if self._rep_consumer is not None:
             for tp in self._rep_consumer.raw.assignment():
-                caps.setdefault((tp.topic, tp.partition), -1)  # assigned, not restored yet
+                if tp.topic == name:
+                    caps.setdefault((tp.topic, tp.partition), -1)  # assigned, not restored yet
         return caps
 
     # ------------------------------------------------------------------ outputs
@@ -367,24 +386,33 @@ class DiagnosisService:
         bus = self.config.bus
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
-        producer = self._producer = Producer(bus, self.bootstrap, linger_ms=0)
+        # Every round ends in a flush, so lingering only batches sends within a round.
+        producer = self._producer = Producer(bus, self.bootstrap, linger_ms=20)
         # A new group reads the input from the start and skips what is older than a short lookback:
         # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
         not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)
         self.repartitioner = Repartitioner(producer, unknown_hold_s=self.unknown_hold_s, not_before_ms=not_before)
-        jobs_reader = inputs = rep = None
+        jobs_reader = consumer = None
         try:
             jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
-            inputs = Consumer(bus, [k for k in INPUT_KINDS if k != "jobs"], group_id=f"{gid}-repartition",
-                              bootstrap=self.bootstrap, from_beginning=True,
-                              fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
-            rep = self._rep_consumer = Consumer(bus, [REPARTITION], group_id=gid, bootstrap=self.bootstrap,
-                                                from_beginning=True, listener=_listener(self),
-                                                fetch_max_wait_ms=self.poll_timeout_ms)
-            rep_loop = self._input_loop = ConsumeLoop(inputs, self.repartitioner.handle, producer=producer, name="repartition",
-                                   hold_back=self.repartitioner.hold_back)
-            self._diag_loop = ConsumeLoop(rep, self._apply, producer=producer, name="diagnosis",
-                                          hold_back=self._hold_back)
+            # One consumer, one group, for both stages: the input topics (repartitioned) and the
+            # repartition topic (diagnosed). Two groups per process made Tansu's joins take 10-40 s.
+            consumer = self._rep_consumer = Consumer(
+                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], group_id=gid, bootstrap=self.bootstrap,
+                from_beginning=True, listener=_listener(self),
+                fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
+            repartitioner = self.repartitioner
+
+            def handle(batch: Sequence[Message]) -> None:
+                inputs = [m for m in batch if m.kind != REPARTITION]
+                if inputs:
+                    repartitioner.handle(inputs)
+                rep = [m for m in batch if m.kind == REPARTITION]
+                if rep or not inputs:
+                    self._apply(rep)
+
+            loop = self._diag_loop = ConsumeLoop(consumer, handle, producer=producer, name="diagnosis",
+                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()})
             if self._webhook is not None:
                 threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
             started = time.monotonic()
@@ -392,22 +420,19 @@ class DiagnosisService:
                 self._rebalanced()
                 topologies = jobs_reader.poll(0)
                 for m in topologies:
-                    self.repartitioner.on_topology(m)
-                n = rep_loop.step(timeout_ms=0 if topologies else min(20, self.poll_timeout_ms))
-                if self.repartitioner.release() or topologies:
+                    repartitioner.on_topology(m)
+                if repartitioner.release() or topologies:
                     producer.flush(30.0)
-                n += self._diag_loop.step(timeout_ms=self.poll_timeout_ms if not n else 0)
-                if not n:
+                if not loop.step(timeout_ms=0 if topologies or repartitioner.held else self.poll_timeout_ms):
                     self._tick()
                     self._flush()
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
             self._tick(force=True)
             self._flush(force=True)
-            rep_loop.commit()
-            self._diag_loop.commit()
+            loop.commit()
         finally:
-            close_quietly(inputs, rep, jobs_reader, self._changelog)
+            close_quietly(consumer, jobs_reader, self._changelog)
             self._changelog = None
             producer.close()
 

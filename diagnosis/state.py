@@ -29,7 +29,6 @@ format changes to JSON (``FORMAT`` is in every value).
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 import time
@@ -98,61 +97,69 @@ class JobState:
         return False
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, f: io.BytesIO, engine: DiagnosisEngine):
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
-        self._engine = engine
-
-    def persistent_id(self, obj: Any) -> Any:
-        e = self._engine
-        if obj is None or isinstance(obj, (str, int, float, bool)):
-            return None
-        if obj is e.config:
-            return ("config",)
-        if e.node_health is not None:
-            if obj is e.node_health:
-                return ("node_health",)
-            if getattr(obj, "__self__", None) is e.node_health:
-                return ("node_health_method", obj.__name__)
-        return None
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, f: io.BytesIO, engine: DiagnosisEngine):
-        super().__init__(f)
-        self._engine = engine
-
-    def persistent_load(self, pid: Any) -> Any:
-        e = self._engine
-        if pid[0] == "config":
-            return e.config
-        if pid[0] == "node_health":
-            return e.node_health
-        if pid[0] == "node_health_method":
-            return getattr(e.node_health, pid[1]) if e.node_health is not None else None
-        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+# References from the dynamic state to static parts: cut before pickling, re-made on restore (a
+# per-object persistent_id hook would cost a Python call for every object of every checkpoint).
+STATIC_REFS: dict[str, Callable[[DiagnosisEngine], Any]] = {
+    "book.prior_blames": lambda e: e.node_health.prior_blames if e.node_health is not None else None,
+}
 
 
 def snapshot(state: JobState) -> bytes:
     """A job's checkpoint value (see the module docstring)."""
-    body = {"format": FORMAT, "key": state.key, "next_offset": state.next_offset, "sources": state.sources,
-            "outbox": state.outbox, "topology": state.topology,
-            "engine": {name: _get(state.engine, name) for name in DYNAMIC}}
-    buf = io.BytesIO()
-    _Pickler(buf, state.engine).dump(body)
-    return zlib.compress(buf.getvalue(), 1)
+    engine = state.engine
+    cut = {name: _get(engine, name) for name in STATIC_REFS}
+    for name in cut:
+        _set(engine, name, None)
+    try:
+        body = {"format": FORMAT, "key": state.key, "next_offset": state.next_offset, "sources": state.sources,
+                "outbox": state.outbox, "topology": state.topology,
+                "engine": {name: _get(engine, name) for name in DYNAMIC}}
+        raw = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        for name, value in cut.items():
+            _set(engine, name, value)
+    return zlib.compress(raw, 1)
+
+
+def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
+    body = pickle.loads(zlib.decompress(value))
+    if body.get("format") != FORMAT:
+        raise ValueError(f"checkpoint format {body.get('format')} is not {FORMAT}")
+    for name, part in body["engine"].items():
+        _set(engine, name, part)
+    for name, remake in STATIC_REFS.items():
+        _set(engine, name, remake(engine))
+    return body
 
 
 def restore(value: bytes, partition: int, make_engine: Callable[[str], DiagnosisEngine], key: str = "") -> JobState:
     """Rebuild a JobState from its checkpoint: a fresh engine with the dynamic state put back."""
     engine = make_engine(key)
-    body = _Unpickler(io.BytesIO(zlib.decompress(value)), engine).load()
-    if body.get("format") != FORMAT:
-        raise ValueError(f"checkpoint format {body.get('format')} is not {FORMAT}")
-    for name, value_ in body["engine"].items():
-        _set(engine, name, value_)
+    body = _load_into(engine, value)
     return JobState(key=body["key"], partition=partition, engine=engine, next_offset=body["next_offset"],
                     sources=body["sources"], outbox=list(body["outbox"]), topology=body.get("topology"))
+
+
+class EngineFactory:
+    """New engines for jobs, cheaply: one prototype is built (catalogs parsed once, ~30 ms), and
+    each job's engine shares its static parts and starts from the prototype's blank dynamic state.
+
+    Building a full engine per job would parse the catalogs again for every job a rebalance
+    hands over, holding the service's thread (and its group heartbeats' interpreter time) for
+    seconds."""
+
+    def __init__(self, build: Callable[[], DiagnosisEngine]):
+        self._proto = build()
+        blank = JobState("", -1, self._proto)
+        self._blank = snapshot(blank)
+
+    def __call__(self, key: str = "") -> DiagnosisEngine:
+        import copy
+
+        engine = copy.copy(self._proto)
+        engine.counters = copy.copy(self._proto.counters)  # static rules, its own per-GPU memory
+        _load_into(engine, self._blank)
+        return engine
 
 
 def mark_value(next_offset: int, stream_time: float) -> bytes:

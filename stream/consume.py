@@ -55,6 +55,7 @@ class LoopStats:
     handler_errors: int = 0
     dead_letters: int = 0
     rewinds: int = 0
+    busy_s: float = 0.0  # time spent in the handler: records / busy_s is what one instance can do
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -102,6 +103,13 @@ class ConsumeLoop:
         return len(batch)
 
     def _handle(self, batch: Sequence[Message]) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._handle_timed(batch)
+        finally:
+            self.stats.busy_s += time.perf_counter() - started
+
+    def _handle_timed(self, batch: Sequence[Message]) -> bool:
         try:
             self.handle(batch)
             return True
