@@ -17,6 +17,7 @@ from faultlens.config import BusConfig
 from faultlens.errors import BusError
 from faultlens.stream import schema, topics
 from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
+from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,10 @@ class Producer:
         from kafka.errors import KafkaError
 
         name = topics.topic(kind, self.prefix)
+        # The wire format travels in a header (DESIGN.md: JSON, or the agent's MessagePack).
+        headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode())]
         try:
-            return self._producer.send(name, key=key.encode() if key else None, value=value)
+            return self._producer.send(name, key=key.encode() if key else None, value=value, headers=headers)
         except KafkaError as exc:
             raise BusError(f"producing to {name} failed: {exc}") from exc
 
@@ -147,6 +150,14 @@ class Message:
     key: str | None
     value: bytes
     timestamp_ms: int
+    content_type: str | None = None  # the content-type header (JSON or the agent's MessagePack)
+
+
+def _content_type(headers: Any) -> str | None:
+    for k, v in headers or ():
+        if k == CONTENT_TYPE_HEADER:
+            return v.decode("latin-1") if isinstance(v, bytes) else str(v)
+    return None
 
 
 class Consumer:
@@ -222,7 +233,8 @@ class Consumer:
             kind = topics.kind_of(tp.topic, self.prefix)
             for m in msgs:
                 out.append(
-                    Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None, m.value, m.timestamp)
+                    Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None, m.value, m.timestamp,
+                            _content_type(m.headers))
                 )
         return out
 

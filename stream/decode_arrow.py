@@ -1,0 +1,285 @@
+"""Batches of bus messages -> lake Arrow tables, through the one decoder (stream/decode.py).
+
+The stream processor hands one topic partition's batch here. Records come from
+``decode`` (or, for a whole batch at once, from the same typed msgspec decoders
+in one call); this module only lays them out as Arrow columns, and turns the
+decoder's reports into dead letters and quarantine rows.
+
+Two fast paths, each falling back to message-by-message decoding (which gives
+the same rows) when anything in the batch is off:
+
+* JSON gpu samples: the batch is wrapped as one JSON array and decoded by the
+  typed decoder in one call; GPU rows go to Arrow column by column.
+* The agent's columnar MessagePack gpu samples (``decode.encode_wire``): the
+  batch is wrapped as one MessagePack array and decoded in one call; each
+  column's little-endian bytes of the whole batch are joined into one Arrow
+  buffer, so no value is ever a Python object.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import chain, repeat
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from faultlens.errors import SchemaError
+from faultlens.stream import decode as dec
+from faultlens.stream import schema
+from faultlens.stream.lake import table_name
+
+DEADLETTER_PAYLOAD_MAX = 64 * 1024  # bytes of a message kept in the lake (dead letter, quarantine)
+_GPU_LAKE = schema.lake_schema("gpu")
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+_GPU_FIELDS = schema.field_names(schema.GpuState)
+_NP = {"d": np.float64, "q": np.int64}
+
+
+@dataclass
+class Decoded:
+    """What one topic-partition batch of messages became."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # lake table -> rows
+    dead: list[schema.DeadLetter] = field(default_factory=list)
+    quarantine: list[schema.Quarantine] = field(default_factory=list)  # fields nulled
+    unknown: dict[str, int] = field(default_factory=dict)  # unknown key -> messages that had it
+
+
+def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                err: SchemaError) -> schema.DeadLetter:
+    """The dead letter of one message (payload kept up to 64 KB, ``size`` the real size)."""
+    raw = value or b""
+    kept = raw[:DEADLETTER_PAYLOAD_MAX]
+    return schema.DeadLetter(
+        ts=time.time(), topic=topic, partition=partition, offset=offset, reason=err.reason,
+        detail=(err.detail + (f" (payload truncated to {len(kept)} bytes)" if len(kept) < len(raw) else ""))[:2000],
+        key=key.decode("utf-8", "backslashreplace") if key else None,
+        payload=_payload_text(kept), size=len(raw),
+    )  # fmt: skip
+
+
+def _payload_text(raw: bytes) -> str:
+    if dec.is_msgpack(raw):  # binary: kept as JSON text of what it holds when it parses at all
+        try:
+            return schema._JSON.encode(msgspec.msgpack.decode(raw)).decode()[:DEADLETTER_PAYLOAD_MAX]
+        except (msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError):
+            return raw.hex()[:DEADLETTER_PAYLOAD_MAX]
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def content_type(record: Any) -> str | None:
+    """The ``content-type`` header of a consumer record (kafka-python: ``headers`` pairs)."""
+    for k, v in getattr(record, "headers", None) or ():
+        if k == dec.CONTENT_TYPE_HEADER:
+            return v.decode("latin-1") if isinstance(v, (bytes, bytearray)) else str(v)
+    return None
+
+
+def _quarantine(kind: str, partition: int, r: Any, node: str | None, issues: list[dec.FieldIssue],
+                out: Decoded) -> None:
+    now = time.time()
+    payload: str | None = None
+    for i in issues:
+        if i.reason == dec.UNKNOWN_FIELD:
+            out.unknown[i.field] = out.unknown.get(i.field, 0) + 1
+            continue
+        if payload is None:
+            payload = _payload_text((r.value or b"")[:DEADLETTER_PAYLOAD_MAX])
+        out.quarantine.append(schema.Quarantine(ts=now, topic=kind, field=i.field, reason=i.reason, value=i.value,
+                                                node=node, partition=partition, offset=r.offset, payload=payload))
+
+
+# --------------------------------------------------------------------------- gpu rows
+
+
+def gpu_table(records: Sequence[schema.GpuSample]) -> pa.Table:
+    """GPU samples -> gpu lake rows (one per GPU), column by column."""
+    counts = [len(s.gpus) for s in records]
+    parents = np.repeat(np.arange(len(records)), counts)
+    head = {
+        "ts": pa.array([s.ts for s in records], pa.float64()).take(parents),
+        "node": pa.array([s.node for s in records], pa.string()).take(parents),
+        "job": pa.array([s.job for s in records], pa.string()).take(parents),
+    }
+    tuples = [msgspec.structs.astuple(g) for s in records for g in s.gpus]
+    columns = list(zip(*tuples, strict=True)) if tuples else [()] * len(_GPU_FIELDS)
+    arrays = []
+    for f in _GPU_LAKE:
+        if f.name in head:
+            arrays.append(head[f.name])
+            continue
+        col = columns[_GPU_FIELDS.index("index" if f.name == "gpu" else f.name)]
+        np_type = np.float64 if pa.types.is_floating(f.type) else np.int64 if pa.types.is_integer(f.type) else None
+        if np_type is not None and None not in col:
+            arrays.append(pa.array(np.fromiter(col, np_type, len(col)), f.type))
+        else:
+            arrays.append(pa.array(col, f.type))
+    return pa.Table.from_arrays(arrays, schema=_GPU_LAKE)
+
+
+_JSON_GPU_BATCH = msgspec.json.Decoder(list[schema.GpuSample])
+
+
+def _json_gpu_batch(values: Sequence[bytes]) -> list[schema.GpuSample] | None:
+    """Every message of the batch through the typed decoder in one call; None if any is off."""
+    try:
+        recs = _JSON_GPU_BATCH.decode(b"[" + b",".join(values) + b"]")
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    readable = schema.READABLE_VERSIONS
+    if len(recs) != len(values) or any(s.v not in readable for s in recs):
+        return None  # a message that held two objects, or a version we cannot read
+    return recs
+
+
+class _Columns(msgspec.Struct):
+    """The agent's columnar MessagePack gpu sample (decode.encode_wire)."""
+
+    ts: float
+    node: str
+    n: int
+    cols: dict[str, bytes | list[Any]]
+    job: str | None = None
+    v: int = schema.SCHEMA_VERSION
+
+
+_MSGPACK_GPU_BATCH = msgspec.msgpack.Decoder(list[_Columns])
+_WIDTH = {"d": 8, "q": 8, "B": 1}
+_ARROW = {"d": pa.float64(), "q": pa.int64(), "B": pa.uint8()}
+
+
+def _msgpack_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
+    """Columnar samples -> gpu lake rows by joining column bytes; None if anything is off."""
+    n_msgs = len(values)
+    head = b"\xdd" + n_msgs.to_bytes(4, "big")  # a MessagePack array of the batch's messages
+    try:
+        msgs = _MSGPACK_GPU_BATCH.decode(head + b"".join(values))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    readable = schema.READABLE_VERSIONS
+    counts = [m.n for m in msgs]
+    if any(m.v not in readable for m in msgs) or min(counts, default=0) < 0 or not all(m.node for m in msgs):
+        return None
+    total = sum(counts)
+    parents = np.repeat(np.arange(n_msgs), counts)
+    ts = pa.array([m.ts for m in msgs], pa.float64())
+    if not pc.all(pc.is_finite(ts)).as_py() and n_msgs:
+        return None
+    arrays: dict[str, pa.Array] = {
+        "ts": ts.take(parents),
+        "node": pa.array([m.node for m in msgs], pa.string()).take(parents),
+        "job": pa.array([m.job for m in msgs], pa.string()).take(parents),
+    }
+    all_cols = [m.cols for m in msgs]
+    for name, code in dec.GPU_COLUMNS:
+        pieces = [c.get(name) for c in all_cols]
+        lake = "gpu" if name == "index" else name
+        if code == "s":
+            if any(p is not None and (not isinstance(p, list) or len(p) != n) for p, n in zip(pieces, counts, strict=True)):
+                return None
+            strs = list(chain.from_iterable(p if p is not None else repeat("", n) for p, n in zip(pieces, counts, strict=True)))
+            try:
+                arrays[lake] = pa.array(strs, pa.string())
+            except _ARROW_ERRORS:
+                return None
+            continue
+        width = _WIDTH[code]
+        if name == "index" and None in pieces:
+            return None
+        parts = []
+        for p, n in zip(pieces, counts, strict=True):
+            if p is None:
+                parts.append(bytes(n * width))  # every default is zero
+            elif type(p) is bytes and len(p) == n * width:
+                parts.append(p)
+            else:
+                return None  # a column with nulls or of another shape: message by message
+        buf = pa.py_buffer(b"".join(parts))
+        arr = pa.Array.from_buffers(_ARROW[code], total, [None, buf])
+        if code == "d":
+            if arr.null_count == 0 and total and not pc.all(pc.is_finite(arr)).as_py():
+                return None  # NaN/Infinity: the table nulls and reports them, message by message
+        elif code == "B":
+            arr = arr.cast(pa.bool_())
+        if not dec._LITTLE and width > 1:
+            return None
+        arrays[lake] = arr
+    return pa.Table.from_arrays([arrays[f.name] for f in _GPU_LAKE], schema=_GPU_LAKE)
+
+
+# --------------------------------------------------------------------------- one batch
+
+
+def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) -> Decoded:
+    """Consumer records (``.offset .key .value [.headers]``) of one partition -> lake tables, dead letters, quarantine."""
+    out = Decoded()
+    if kind == "gpu" and records:
+        table = _fast_gpu(records)
+        if table is not None:
+            out.tables["gpu"] = table
+            return out
+    decoded: list[tuple[Any, Any]] = []
+    for r in records:
+        issues: list[dec.FieldIssue] = []
+        try:
+            rec = dec.decode(kind, r.value, content_type=content_type(r), issues=issues)
+        except SchemaError as err:
+            out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, err))
+            continue
+        except (ValueError, TypeError, RecursionError) as exc:  # anything the decoder did not foresee
+            err = SchemaError("undecodable", kind=kind, detail=repr(exc)[:500])
+            out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, err))
+            continue
+        if issues:
+            _quarantine(kind, partition, r, getattr(rec, "node", None), issues, out)
+        decoded.append((r, rec))
+    if decoded:
+        _tables(kind, topic, partition, decoded, out)
+    return out
+
+
+def _fast_gpu(records: Sequence[Any]) -> pa.Table | None:
+    values = [r.value for r in records]
+    if any(not v or len(v) > schema.MAX_MESSAGE_BYTES for v in values):
+        return None
+    packed = [dec.is_msgpack(v, content_type(r)) for r, v in zip(records, values, strict=True)]
+    if all(packed):
+        return _msgpack_gpu_batch(values)
+    if not any(packed):
+        recs = _json_gpu_batch(values)
+        return gpu_table(recs) if recs is not None else None
+    return None
+
+
+def _tables(kind: str, topic: str, partition: int, decoded: list[tuple[Any, Any]], out: Decoded) -> None:
+    if kind == "gpu":
+        try:
+            out.tables["gpu"] = gpu_table([rec for _, rec in decoded])
+            return
+        except _ARROW_ERRORS:
+            pass  # one message's value does not fit a column: find it below
+    lake_schema = schema.lake_schema(kind)
+    try:
+        out.tables[table_name(kind)] = pa.Table.from_pylist([row for _, rec in decoded for row in schema.lake_row(rec)],
+                                                            schema=lake_schema)
+        return
+    except _ARROW_ERRORS:
+        pass  # a value the record holds but the lake column cannot (an integer beyond 64 bits)
+    kept: list[dict[str, Any]] = []
+    for r, rec in decoded:
+        rows = schema.lake_row(rec)
+        try:
+            pa.Table.from_pylist(rows, schema=lake_schema)
+        except _ARROW_ERRORS as exc:
+            err = SchemaError("bad_type", kind=kind, detail=f"does not fit the lake column: {exc}")
+            out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, err))
+            continue
+        kept.extend(rows)
+    if kept:
+        out.tables[table_name(kind)] = pa.Table.from_pylist(kept, schema=lake_schema)
