@@ -38,6 +38,7 @@ import datetime as dt
 import json
 import math
 import re
+import sys
 import tomllib
 from array import array
 from dataclasses import dataclass
@@ -214,6 +215,7 @@ def _to_dict(value: Any, name: str) -> dict[str, Any]:
     raise _Bad("bad_type")
 
 
+_LITTLE = array("d").itemsize == 8 and array("q").itemsize == 8 and sys.byteorder == "little"
 _COERCE = {float: to_float, int: to_int, bool: to_bool, str: to_str, list: _to_list, dict: _to_dict}
 
 
@@ -440,7 +442,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
         obj = _ANY_MSGPACK.decode(payload)
     except msgspec.DecodeError as exc:
         raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
-    if kind == "gpu" and isinstance(obj, dict) and "cols" in obj:
+    if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         obj = columns_to_obj(obj, kind)
     record = from_obj(kind, obj, issues)
     if not _finite(record):  # NaN in a float field: through the table, which nulls and reports it
@@ -451,34 +453,61 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
 
 # --------------------------------------------------------------------------- the agent's MessagePack
 
-# The gpu sample goes columnar: one little-endian array per field ("<f8" floats, "<i8"
-# integers, "u1" flags) of n entries, strings as arrays of text. A column whose values
-# are all at the field's default is left out (the sparse wire); a column holding a null
-# is sent as a plain array with nils. The stream processor joins such columns of a whole
-# batch into Arrow buffers without touching the values (stream/decode_arrow.py).
+# The gpu sample goes columnar, as a map:
+#   v, ts, node, job   as in JSON
+#   n                  the number of GPUs
+#   cols               the numeric columns present, comma-separated ("index,util,temp_c,...")
+#   data               those columns' values, column after column, n each, as little-endian
+#                      8-byte numbers: float64 for float fields, int64 for integer fields
+#                      and for flags (0/1)
+#   uuid, pci_bus      the n strings joined by newlines (left out when all empty); a
+#                      string holding a newline goes to nulls instead
+#   nulls              (only when a value is null) {field: [n values with nils]}
+# A numeric column whose values are all at the field's default (0) is left out: the
+# sparse wire. The stream processor reads the ``data`` of a whole batch as one matrix per
+# layout without making a Python object of any value (stream/decode_arrow.py).
 GPU_COLUMNS: tuple[tuple[str, str], ...] = tuple(
-    (f.name, {to_float: "d", to_int: "q", to_bool: "B", to_str: "s"}[f.coerce]) for f in _plan(GpuState)
+    (f.name, {to_float: "d", to_int: "q", to_bool: "q", to_str: "s"}[f.coerce]) for f in _plan(GpuState)
 )
+GPU_NUMERIC = tuple(name for name, code in GPU_COLUMNS if code != "s")
+GPU_STRINGS = tuple(name for name, code in GPU_COLUMNS if code == "s")
 _GPU_DEFAULTS = schema.field_defaults(GpuState)
 _MSGPACK = msgspec.msgpack.Encoder()
 
 
 def _gpu_columns(sample: GpuSample) -> dict[str, Any]:
     gpus = sample.gpus
-    cols: dict[str, Any] = {}
+    out: dict[str, Any] = {"v": sample.v, "ts": sample.ts, "node": sample.node, "job": sample.job, "n": len(gpus)}
+    names: list[str] = []
+    data = bytearray()
+    nulls: dict[str, list[Any]] = {}
     for name, code in GPU_COLUMNS:
         vals = [getattr(g, name) for g in gpus]
         default = _GPU_DEFAULTS.get(name)
         if name != "index" and all(v == default and type(v) is type(default) for v in vals):
             continue
-        if code == "s" or None in vals:
-            cols[name] = vals
+        if code == "s":
+            if all(type(v) is str and "\n" not in v for v in vals):
+                out[name] = "\n".join(vals)
+            else:
+                nulls[name] = vals
+            continue
+        if None in vals:
+            nulls[name] = vals
             continue
         try:
-            cols[name] = array(code, vals).tobytes()
+            data += array(code, vals).tobytes()
         except (OverflowError, TypeError):  # a value beyond the column's type: as it is, the reader decides
-            cols[name] = vals
-    return {"v": sample.v, "ts": sample.ts, "node": sample.node, "job": sample.job, "n": len(gpus), "cols": cols}
+            nulls[name] = vals
+            continue
+        names.append(name)
+    if not _LITTLE:
+        raise RuntimeError("the MessagePack gpu wire is little-endian; use JSON on this machine")
+    out["cols"] = ",".join(names)
+    out["data"] = bytes(data)
+    if nulls:
+        out["nulls"] = nulls
+    return out
 
 
 def encode_wire(record: Any) -> bytes:
@@ -496,37 +525,38 @@ def content_type_of(value: bytes) -> str:
     return MSGPACK_TYPE if is_msgpack(value) else JSON_TYPE
 
 
-_LITTLE = array("d").itemsize == 8 and __import__("sys").byteorder == "little"
-
-
-def _unpack(code: str, raw: bytes, n: int) -> list[Any]:
-    a = array(code)
-    if len(raw) != n * a.itemsize:
-        raise _Bad("bad_length")
-    a.frombytes(raw)
-    if not _LITTLE and a.itemsize > 1:
-        a.byteswap()
-    return [bool(x) for x in a] if code == "B" else a.tolist()
-
-
 def columns_to_obj(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     """A columnar gpu sample -> the JSON-shaped object (a bad column nulls its field, reported later)."""
-    n = obj.get("n")
-    cols = obj.get("cols")
-    if type(n) is not int or n < 0 or not isinstance(cols, dict):
-        raise SchemaError("bad_gpu_entry", kind=kind, detail="columnar sample without n or cols")
+    n, cols, data = obj.get("n"), obj.get("cols", ""), obj.get("data", b"")
+    if type(n) is not int or n < 0 or not isinstance(cols, str) or not isinstance(data, bytes):
+        raise SchemaError("bad_gpu_entry", kind=kind, detail=f"columnar sample with n={_text(n)} cols={_text(cols)}")
+    names = [c for c in cols.split(",") if c]
+    if len(data) != 8 * n * len(names):
+        raise SchemaError("bad_gpu_entry", kind=kind, detail=f"data holds {len(data)} bytes, not 8 x {n} x {len(names)}")
     gpus: list[dict[str, Any]] = [{} for _ in range(n)]
     codes = dict(GPU_COLUMNS)
-    for name, col in cols.items():
-        code = codes.get(name, "")
-        try:
-            vals = _unpack(code, col, n) if isinstance(col, bytes) and code else col
-        except _Bad:
-            vals = ["bad_length"] * n
+    columns: dict[str, Any] = {}
+    for j, name in enumerate(names):
+        a = array("q" if codes.get(name) == "q" else "d")
+        a.frombytes(data[8 * n * j: 8 * n * (j + 1)])
+        columns[name] = a.tolist()
+    for name in GPU_STRINGS:
+        if name in obj:
+            columns[name] = obj[name].split("\n") if isinstance(obj[name], str) else obj[name]
+    nulls = obj.get("nulls")
+    if isinstance(nulls, dict):
+        columns.update(nulls)
+    for name, vals in columns.items():
         if not isinstance(vals, list) or len(vals) != n:
-            vals = [vals] * n  # a column that is no array: each GPU's value fails the table
+            vals = [vals] * n  # a column that is no array of n: each GPU's value fails the table
         for g, x in zip(gpus, vals, strict=True):
             g[name] = x
-    out = {k: v for k, v in obj.items() if k not in ("n", "cols")}
+    out = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
     out["gpus"] = gpus
+    for k in obj:
+        if k not in _COLUMNAR_KEYS:
+            out[k] = obj[k]  # an unknown key: reported as such
     return out
+
+
+_COLUMNAR_KEYS = frozenset({"v", "ts", "node", "job", "n", "cols", "data", "nulls", *GPU_STRINGS})

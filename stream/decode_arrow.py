@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -139,78 +139,136 @@ def _json_gpu_batch(values: Sequence[bytes]) -> list[schema.GpuSample] | None:
 
 
 class _Columns(msgspec.Struct):
-    """The agent's columnar MessagePack gpu sample (decode.encode_wire)."""
+    """The agent's columnar MessagePack gpu sample (decode.encode_wire), for the batch path."""
 
     ts: float
     node: str
     n: int
-    cols: dict[str, bytes | list[Any]]
+    cols: str
+    data: bytes
     job: str | None = None
     v: int = schema.SCHEMA_VERSION
+    uuid: str | None = None
+    pci_bus: str | None = None
+    nulls: dict[str, Any] | None = None
 
 
 _MSGPACK_GPU_BATCH = msgspec.msgpack.Decoder(list[_Columns])
-_WIDTH = {"d": 8, "q": 8, "B": 1}
-_ARROW = {"d": pa.float64(), "q": pa.int64(), "B": pa.uint8()}
+_TS, _NODE, _JOB, _N, _V, _COLS, _DATA, _NULLS = (
+    attrgetter(k) for k in ("ts", "node", "job", "n", "v", "cols", "data", "nulls"))
+_CODES = dict(dec.GPU_COLUMNS)
+_LAKE_TYPES = {f.name: f.type for f in _GPU_LAKE}
 
 
 def _msgpack_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
-    """Columnar samples -> gpu lake rows by joining column bytes; None if anything is off."""
+    """Columnar samples -> gpu lake rows, one numpy matrix per layout; None if anything is off.
+
+    Per message only C-level maps run (attribute fetches, one join); no value
+    becomes a Python object, except the strings (uuid, pci_bus).
+    """
     n_msgs = len(values)
     head = b"\xdd" + n_msgs.to_bytes(4, "big")  # a MessagePack array of the batch's messages
     try:
         msgs = _MSGPACK_GPU_BATCH.decode(head + b"".join(values))
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    readable = schema.READABLE_VERSIONS
-    counts = [m.n for m in msgs]
-    if any(m.v not in readable for m in msgs) or min(counts, default=0) < 0 or not all(m.node for m in msgs):
+    counts = list(map(_N, msgs))
+    if (not set(map(_V, msgs)) <= schema.READABLE_VERSIONS or min(counts) < 0 or not all(map(_NODE, msgs))
+            or any(map(_NULLS, msgs)) or not dec._LITTLE):
         return None
-    total = sum(counts)
-    parents = np.repeat(np.arange(n_msgs), counts)
-    ts = pa.array([m.ts for m in msgs], pa.float64())
-    if not pc.all(pc.is_finite(ts)).as_py() and n_msgs:
+    cols = list(map(_COLS, msgs))
+    if len(set(cols)) == 1 and len(set(counts)) == 1:
+        groups = [(cols[0], counts[0], msgs)]  # the common case: one layout
+    else:  # group by layout without a Python loop per message
+        key = pc.dictionary_encode(pa.array(cols, pa.string())).indices.to_numpy().astype(np.int64)
+        key = key * (max(counts) + 1) + np.asarray(counts, np.int64)
+        order = np.argsort(key, kind="stable")
+        _, starts = np.unique(key[order], return_index=True)
+        groups = []
+        for a, b in zip(starts, [*starts[1:], n_msgs], strict=True):
+            idx = order[a:b].tolist()
+            part = [msgs[i] for i in idx] if len(idx) < 2 else list(itemgetter(*idx)(msgs))
+            groups.append((cols[idx[0]], counts[idx[0]], part))
+    tables = []
+    for layout, n, part in groups:
+        table = _layout_table(part, layout, n)
+        if table is None:
+            return None
+        tables.append(table)
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _layout_table(msgs: list[_Columns], cols: str, n: int) -> pa.Table | None:
+    """Samples of one layout (same columns, same GPU count) -> gpu lake rows."""
+    names = cols.split(",") if cols else []
+    if "index" not in names or any(_CODES.get(c, "s") == "s" for c in names) or len(set(names)) != len(names):
         return None
-    arrays: dict[str, pa.Array] = {
+    m, width = len(msgs), 8 * n * len(names)
+    blobs = list(map(_DATA, msgs))
+    if list(map(len, blobs)) != [width] * m:
+        return None
+    ts = pa.array(list(map(_TS, msgs)), pa.float64())
+    if not pc.all(pc.is_finite(ts)).as_py():
+        return None
+    # One copy puts every column's values of the batch side by side (column-major).
+    floats = np.frombuffer(b"".join(blobs), "<f8").reshape(m, len(names), n).transpose(1, 0, 2).reshape(len(names), m * n)
+    ints = floats.view("<i8")
+    parents = np.repeat(np.arange(m), n)
+    jobs = list(map(_JOB, msgs))
+    job = (pa.array(jobs[:1], pa.string()).take(np.zeros(m * n, np.int64)) if jobs.count(jobs[0]) == m
+           else pa.array(jobs, pa.string()).take(parents))
+    arrays: dict[str, Any] = {
         "ts": ts.take(parents),
-        "node": pa.array([m.node for m in msgs], pa.string()).take(parents),
-        "job": pa.array([m.job for m in msgs], pa.string()).take(parents),
+        "node": pa.array(list(map(_NODE, msgs)), pa.string()).take(parents),
+        "job": job,
     }
-    all_cols = [m.cols for m in msgs]
-    for name, code in dec.GPU_COLUMNS:
-        pieces = [c.get(name) for c in all_cols]
+    for j, name in enumerate(names):
         lake = "gpu" if name == "index" else name
-        if code == "s":
-            if any(p is not None and (not isinstance(p, list) or len(p) != n) for p, n in zip(pieces, counts, strict=True)):
-                return None
-            strs = list(chain.from_iterable(p if p is not None else repeat("", n) for p, n in zip(pieces, counts, strict=True)))
-            try:
-                arrays[lake] = pa.array(strs, pa.string())
-            except _ARROW_ERRORS:
-                return None
-            continue
-        width = _WIDTH[code]
-        if name == "index" and None in pieces:
-            return None
-        parts = []
-        for p, n in zip(pieces, counts, strict=True):
-            if p is None:
-                parts.append(bytes(n * width))  # every default is zero
-            elif type(p) is bytes and len(p) == n * width:
-                parts.append(p)
-            else:
-                return None  # a column with nulls or of another shape: message by message
-        buf = pa.py_buffer(b"".join(parts))
-        arr = pa.Array.from_buffers(_ARROW[code], total, [None, buf])
-        if code == "d":
-            if arr.null_count == 0 and total and not pc.all(pc.is_finite(arr)).as_py():
+        target = _LAKE_TYPES[lake]
+        if _CODES[name] == "d":
+            col = floats[j]
+            if not np.isfinite(col).all():
                 return None  # NaN/Infinity: the table nulls and reports them, message by message
-        elif code == "B":
-            arr = arr.cast(pa.bool_())
-        if not dec._LITTLE and width > 1:
+            arrays[lake] = pa.array(col, target)
+        elif pa.types.is_boolean(target):
+            arrays[lake] = pa.array(ints[j] != 0, target)
+        else:
+            arrays[lake] = pa.array(ints[j], target)
+    total = m * n
+    for name in dec.GPU_STRINGS:  # n strings joined by newlines per sample
+        pieces = list(map(attrgetter(name), msgs))
+        if pieces.count(None) == m:
+            arrays[name] = pa.array([""] * total, pa.string())
+            continue
+        if None in pieces:
+            pieces = ["\n".join([""] * n) if p is None else p for p in pieces]
+        try:
+            split = pc.split_pattern(pa.array(pieces, pa.string()), "\n")
+        except _ARROW_ERRORS:
             return None
-        arrays[lake] = arr
+        if n == 0 or not pc.all(pc.equal(pc.list_value_length(split), n)).as_py():
+            return None
+        arrays[name] = split.flatten()
+    for f in _GPU_LAKE:
+        if f.name not in arrays:  # a column at its default (0) in every sample
+            arrays[f.name] = _zeros(f.type, total)
     return pa.Table.from_arrays([arrays[f.name] for f in _GPU_LAKE], schema=_GPU_LAKE)
+
+
+_ZEROS: dict[pa.DataType, pa.Array] = {}
+
+
+def _zeros(type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` zeros (false) of a type: a zero-copy slice of a cached array."""
+    cached = _ZEROS.get(type_)
+    if cached is None or len(cached) < n:
+        size = max(n, 1 << 17)
+        if pa.types.is_boolean(type_):
+            cached = pa.array(np.zeros(size, np.bool_), type_)
+        else:
+            cached = pa.array(np.zeros(size, np.float64 if pa.types.is_floating(type_) else np.int64), type_)
+        _ZEROS[type_] = cached
+    return cached.slice(0, n)
 
 
 # --------------------------------------------------------------------------- one batch
@@ -244,17 +302,23 @@ def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) 
     return out
 
 
+_VALUE = attrgetter("value")
+
+
 def _fast_gpu(records: Sequence[Any]) -> pa.Table | None:
-    values = [r.value for r in records]
-    if any(not v or len(v) > schema.MAX_MESSAGE_BYTES for v in values):
+    """The whole batch in one typed call, when every message is of one wire format and fine."""
+    values = list(map(_VALUE, records))
+    if None in values:
         return None
-    packed = [dec.is_msgpack(v, content_type(r)) for r, v in zip(records, values, strict=True)]
-    if all(packed):
+    lengths = list(map(len, values))
+    if min(lengths) == 0 or max(lengths) > schema.MAX_MESSAGE_BYTES:
+        return None
+    # The first message says which batch decoder to try; each checks every message
+    # (a JSON text never parses as MessagePack nor the reverse): a mix goes message by message.
+    if dec.is_msgpack(values[0], content_type(records[0])):
         return _msgpack_gpu_batch(values)
-    if not any(packed):
-        recs = _json_gpu_batch(values)
-        return gpu_table(recs) if recs is not None else None
-    return None
+    recs = _json_gpu_batch(values)
+    return gpu_table(recs) if recs is not None else None
 
 
 def _tables(kind: str, topic: str, partition: int, decoded: list[tuple[Any, Any]], out: Decoded) -> None:
