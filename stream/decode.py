@@ -251,7 +251,10 @@ def _plan(cls: type) -> tuple[_Field, ...]:
 
 
 def _version(obj: dict[str, Any], kind: str) -> None:
-    v = obj.get("v")
+    """A readable version; none given is the current one (other producers do not write one)."""
+    if "v" not in obj:
+        return
+    v = obj["v"]
     if type(v) is not int:
         try:
             v = to_int(v, "v")
