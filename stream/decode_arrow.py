@@ -130,7 +130,7 @@ def _json_gpu_batch(values: Sequence[bytes]) -> list[schema.GpuSample] | None:
     """Every message of the batch through the typed decoder in one call; None if any is off."""
     try:
         recs = _JSON_GPU_BATCH.decode(b"[" + b",".join(values) + b"]")
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return None
     readable = schema.READABLE_VERSIONS
     if len(recs) != len(values) or any(s.v not in readable for s in recs):
@@ -170,7 +170,7 @@ def _msgpack_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
     head = b"\xdd" + n_msgs.to_bytes(4, "big")  # a MessagePack array of the batch's messages
     try:
         msgs = _MSGPACK_GPU_BATCH.decode(head + b"".join(values))
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return None
     counts = list(map(_N, msgs))
     if (not set(map(_V, msgs)) <= schema.READABLE_VERSIONS or min(counts) < 0 or not all(map(_NODE, msgs))
@@ -318,7 +318,12 @@ def _fast_gpu(records: Sequence[Any]) -> pa.Table | None:
     if dec.is_msgpack(values[0], content_type(records[0])):
         return _msgpack_gpu_batch(values)
     recs = _json_gpu_batch(values)
-    return gpu_table(recs) if recs is not None else None
+    if recs is None:
+        return None
+    try:
+        return gpu_table(recs)
+    except _ARROW_ERRORS:
+        return None
 
 
 def _tables(kind: str, topic: str, partition: int, decoded: list[tuple[Any, Any]], out: Decoded) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import msgspec
 
@@ -42,6 +42,11 @@ SCHEMA_VERSION = 1
 # with reason "unknown_version" rather than misread.
 READABLE_VERSIONS = frozenset({1})
 MAX_MESSAGE_BYTES = 1_000_000
+
+
+# Integers are 64-bit in the lake: a larger one is refused by the typed decode and
+# nulled by the per-field path (reason out_of_range), never a failed Parquet write.
+Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
 class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -64,7 +69,7 @@ class GpuState(_Record, omit_defaults=True):
     default is left out of the wire (readers fill it back in).
     """
 
-    index: int
+    index: Int64
     uuid: str = ""
     pci_bus: str = ""
     util: float | None = 0.0
@@ -74,22 +79,22 @@ class GpuState(_Record, omit_defaults=True):
     power_w: float | None = 0.0
     sm_clock_mhz: float | None = 0.0
     mem_clock_mhz: float | None = 0.0
-    throttle_reasons: int | None = 0
-    ecc_sbe: int | None = 0
-    ecc_dbe: int | None = 0
-    ecc_sbe_agg: int | None = 0
-    ecc_dbe_agg: int | None = 0
-    retired_pages: int | None = 0
+    throttle_reasons: Int64 | None = 0
+    ecc_sbe: Int64 | None = 0
+    ecc_dbe: Int64 | None = 0
+    ecc_sbe_agg: Int64 | None = 0
+    ecc_dbe_agg: Int64 | None = 0
+    retired_pages: Int64 | None = 0
     remap_pending: bool | None = False
     remap_failure: bool | None = False
-    remapped_rows_corr: int | None = 0
-    remapped_rows_unc: int | None = 0
-    pcie_replay: int | None = 0
-    nvlink_errors: int | None = 0
-    nvlink_crc_errors: int | None = 0
-    nvlink_replay_errors: int | None = 0
-    nvlink_recovery_errors: int | None = 0
-    recovery_action: int | None = 0
+    remapped_rows_corr: Int64 | None = 0
+    remapped_rows_unc: Int64 | None = 0
+    pcie_replay: Int64 | None = 0
+    nvlink_errors: Int64 | None = 0
+    nvlink_crc_errors: Int64 | None = 0
+    nvlink_replay_errors: Int64 | None = 0
+    nvlink_recovery_errors: Int64 | None = 0
+    recovery_action: Int64 | None = 0
     lost: bool | None = False  # NVML answered GpuIsLost / the device vanished
 
 
@@ -101,7 +106,7 @@ class GpuSample(_Record):
     node: str
     gpus: list[GpuState] = []
     job: str | None = None
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class KernelEvent(_Record):
@@ -118,13 +123,13 @@ class KernelEvent(_Record):
     kind: str
     raw: str
     message: str = ""
-    xid: int | None = None
+    xid: Int64 | None = None
     pci_bus: str | None = None
-    gpu: int | None = None
-    pid: int | None = None
-    rank: int | None = None
+    gpu: Int64 | None = None
+    pid: Int64 | None = None
+    rank: Int64 | None = None
     fields: dict[str, Any] = {}
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class NcclEvent(_Record):
@@ -137,17 +142,17 @@ class NcclEvent(_Record):
     raw: str
     message: str = ""
     level: str | None = None  # INFO | WARN | ERROR (NCCL's own) or None
-    rank: int | None = None
+    rank: Int64 | None = None
     host: str | None = None
-    pid: int | None = None
+    pid: Int64 | None = None
     job: str | None = None
     op_type: str | None = None
-    seq_num: int | None = None
-    timeout_ms: int | None = None
-    ran_for_ms: int | None = None
+    seq_num: Int64 | None = None
+    timeout_ms: Int64 | None = None
+    ran_for_ms: Int64 | None = None
     exception: str | None = None
     fields: dict[str, Any] = {}
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class StepTiming(_Record):
@@ -156,24 +161,24 @@ class StepTiming(_Record):
     KIND: ClassVar[str] = "steps"
     ts: float
     job: str
-    rank: int
+    rank: Int64
     node: str
-    step: int
+    step: Int64
     duration_s: float
-    n_seqs: int = 0
-    sum_len: int = 0
-    sum_len_sq: int = 0
-    tokens: int = 0
+    n_seqs: Int64 = 0
+    sum_len: Int64 = 0
+    sum_len_sq: Int64 = 0
+    tokens: Int64 = 0
     loss: float | None = None
     grad_norm: float | None = None
     fwd_s: float | None = None
     bwd_s: float | None = None
     comm_s: float | None = None
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    cp: int | None = None
-    v: int = SCHEMA_VERSION
+    tp: Int64 | None = None
+    pp: Int64 | None = None
+    dp: Int64 | None = None
+    cp: Int64 | None = None
+    v: Int64 = SCHEMA_VERSION
 
 
 class StackDump(_Record):
@@ -183,12 +188,12 @@ class StackDump(_Record):
     ts: float
     job: str
     node: str
-    rank: int | None
-    pid: int | None
+    rank: Int64 | None
+    pid: Int64 | None
     text: str
     request_id: str | None = None
     error: str | None = None  # timeout, permission denied... when no dump came
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class JobTopology(_Record):
@@ -197,15 +202,15 @@ class JobTopology(_Record):
     KIND: ClassVar[str] = "jobs"
     ts: float
     job: str
-    tp: int
-    pp: int
-    dp: int
-    cp: int = 1
+    tp: Int64
+    pp: Int64
+    dp: Int64
+    cp: Int64 = 1
     order: str = "tp-cp-dp-pp"
     ranks: dict[str, dict[str, Any]] = {}
-    num_layers: int | None = None
-    micro_batches: int | None = None
-    v: int = SCHEMA_VERSION
+    num_layers: Int64 | None = None
+    micro_batches: Int64 | None = None
+    v: Int64 = SCHEMA_VERSION
 
 
 # --------------------------------------------------------------------------- diagnosis outputs
@@ -235,7 +240,7 @@ class Incident(_Record):
     actions: list[str] = []
     summary: str = ""
     root_cause: str | None = None  # set by a person in the explorer (label)
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 ACTION_TYPES = values(ActionType)
@@ -257,7 +262,7 @@ class Action(_Record):
     dry_run: bool = True
     reason: str = ""
     plan: dict[str, Any] | None = None  # adapt_parallelism: the chosen plan and options
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class ActionStatus(_Record):
@@ -271,7 +276,7 @@ class ActionStatus(_Record):
     status: str  # done | failed | dry_run | refused
     detail: str = ""
     commands: list[list[str]] = []
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class Command(_Record):
@@ -284,7 +289,7 @@ class Command(_Record):
     job: str
     nodes: list[str] = []  # empty: every node running the job
     params: dict[str, Any] = {}
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 class DeadLetter(_Record):
@@ -293,14 +298,14 @@ class DeadLetter(_Record):
     KIND: ClassVar[str] = "deadletter"
     ts: float
     topic: str
-    partition: int
-    offset: int
+    partition: Int64
+    offset: Int64
     reason: str
     detail: str = ""
     key: str | None = None
     payload: str = ""  # the original bytes, decoded as UTF-8 with backslash escapes
-    size: int = 0
-    v: int = SCHEMA_VERSION
+    size: Int64 = 0
+    v: Int64 = SCHEMA_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +329,8 @@ class Finding:
     text: str  # the raw line, or a sentence with the figures
     node: str | None = None
     job: str | None = None
-    gpu: int | None = None
-    rank: int | None = None
+    gpu: Int64 | None = None
+    rank: Int64 | None = None
     figures: dict[str, Any] = field(default_factory=dict)
 
 
@@ -360,10 +365,10 @@ class Quarantine(_Record):
     reason: str  # not_available, not_supported, nan, bad_type, bad_unit, out_of_range, ...
     value: str = ""  # the value as it came, as JSON text (truncated)
     node: str | None = None
-    partition: int = -1
-    offset: int = -1
+    partition: Int64 = -1
+    offset: Int64 = -1
     payload: str = ""  # the raw message (truncated to 64 KB)
-    v: int = SCHEMA_VERSION
+    v: Int64 = SCHEMA_VERSION
 
 
 RECORDS: dict[str, type] = {
