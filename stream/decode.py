@@ -370,7 +370,9 @@ def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any
         raise SchemaError("not_an_object", kind=kind)
     _version(obj, kind)
     try:
-        return _check(msgspec.convert(obj, cls), kind)
+        record = msgspec.convert(obj, cls)
+        if _finite(record):  # a NaN/Infinity float (MessagePack, Python objects): the table nulls it
+            return _check(record, kind)
     except msgspec.ValidationError:
         pass  # a value of another type: the table decides, field by field
     return _check(_tolerant(cls, kind, obj, issues), kind)
@@ -447,11 +449,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
         raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         obj = columns_to_obj(obj, kind)
-    record = from_obj(kind, obj, issues)
-    if not _finite(record):  # NaN in a float field: through the table, which nulls and reports it
-        if isinstance(obj, dict):
-            record = _check(_tolerant(schema.RECORDS[kind], kind, obj, issues), kind)
-    return record
+    return from_obj(kind, obj, issues)
 
 
 # --------------------------------------------------------------------------- the agent's MessagePack
