@@ -137,7 +137,7 @@ def bare_confluent(bus: BusConfig, n: int) -> tuple[float, float] | None:
 def run_processor(bus: BusConfig, work: Path, group: str) -> tuple[float, float, float, int, int]:
     """(seconds from partition assignment to the last commit, process CPU s, poll-thread CPU s, commits, gpu rows)."""
     config = Config(bus=bus, lake=LakeConfig(path=str(work / "lake"), catalog_path=str(work / "catalog.duckdb")))
-    proc = StreamProcessor(config, kinds=["gpu"], group_id=group, flush_interval_s=5.0, flush_rows=400_000)
+    proc = StreamProcessor(config, kinds=["gpu"], group_id=group)  # the deployed defaults (LakeConfig)
     cpu = time.process_time()
     stats = proc.run(exit_when_idle_s=1.5)
     cpu = time.process_time() - cpu

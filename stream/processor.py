@@ -29,7 +29,6 @@ table (exactly once, like any row) and are sent to the deadletter topic
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -101,6 +100,7 @@ class ProcessorStats:
         self.orphans_deleted = 0
         self.started = time.monotonic()
         self.assigned_at: float | None = None  # monotonic time of the first partition assignment
+        self.first_message_at: float | None = None  # monotonic time the first message was polled
         self.last_commit_at: float | None = None
         self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
         # Prometheus: the shared families of faultlens.metrics.ServiceMetrics (the names the
@@ -239,8 +239,12 @@ class StreamProcessor:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
         self._stop = threading.Event()
-        threads = decode_threads or max(1, min(2, os.cpu_count() or 1))
-        self._decoder = ThreadPoolExecutor(threads, thread_name_prefix="faultlens-decode")
+        # Decoding is msgspec + numpy, mostly holding the GIL: on the poll thread by default
+        # (decode_threads=0). Worker threads only add GIL hand-offs (each numpy/Arrow call
+        # that releases the GIL waits up to a switch interval to get it back while
+        # kafka-python's IO thread runs); they pay where cores are many and messages JSON.
+        self._decode_threads = 0 if decode_threads is None else decode_threads
+        self._decoder = ThreadPoolExecutor(max(1, self._decode_threads), thread_name_prefix="faultlens-decode")
         self._decoding: deque[tuple[Future[Decoded], int]] = deque()  # submitted, maybe not done
         self._decoding_messages = 0
         # One thread: commits happen in the order of their flushes.
@@ -363,13 +367,22 @@ class StreamProcessor:
         self._next_offset[key] = records[-1].offset + 1
         kind = topics.kind_of(topic, self.bus.topic_prefix)
         self.stats.consumed(kind, len(records))
+        if self.stats.first_message_at is None:
+            self.stats.first_message_at = time.monotonic()
         p = self._pending.get((topic, partition))
         if p is None:
             p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
         p.last = records[-1].offset
         # Decoding runs on worker threads: Arrow releases the GIL, so it overlaps
         # kafka-python's record parsing in this thread.
-        fut = self._decoder.submit(decode_batch, kind, topic, partition, records)
+        if self._decode_threads:
+            fut = self._decoder.submit(decode_batch, kind, topic, partition, records)
+        else:
+            fut = Future()
+            try:
+                fut.set_result(decode_batch(kind, topic, partition, records))
+            except Exception as exc:  # noqa: BLE001 - surfaces at the commit, as a worker's would
+                fut.set_exception(exc)
         p.decoding.append(fut)
         p.messages += len(records)
         self._pending_rows += len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
