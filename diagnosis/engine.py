@@ -33,6 +33,7 @@ from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.policy import Decision, Policy, SignalMatcher, load_policy
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
+from faultlens.records import LastKnown
 from faultlens.stream.schema import (
     Action,
     Command,
@@ -138,12 +139,14 @@ class DiagnosisEngine:
         self.now = 0.0
         self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
+        self._last_known = LastKnown()  # a null GPU field (N/A) reads as unchanged
 
     # ------------------------------------------------------------------ input
 
     def observe(self, record: Any) -> list[Output]:
         """Take one record; returns what it caused (incidents updated, actions, commands)."""
         self.counts["records"] += 1
+        record = self._last_known.fill(record)
         ts = getattr(record, "ts", None)
         if isinstance(ts, (int, float)) and ts > self.now:
             self.now = float(ts)

@@ -55,6 +55,7 @@ from faultlens.errors import SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
+from faultlens.stream.decode import CONTENT_TYPE_HEADER
 
 log = logging.getLogger(__name__)
 INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks")
@@ -248,7 +249,8 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                record = schema.decode(kind, m.value)
+                ctype = m.header(CONTENT_TYPE_HEADER)
+                record = schema.decode(kind, m.value, content_type=ctype.decode("latin-1") if ctype else None)
             except (SchemaError, ValueError) as exc:
                 self.decode_errors += 1
                 if self._diag_loop is not None:

@@ -35,6 +35,7 @@ from typing import Any
 from faultlens.errors import SchemaError
 from faultlens.stream import schema
 from faultlens.stream.bus import Message, Producer
+from faultlens.stream.decode import CONTENT_TYPE_HEADER
 from faultlens.stream.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 NODE_KEYED = ("gpu", "kernel", "nccl")
 JOB_KEYED = ("steps", "stacks")
 UNJOBBED_PREFIX = "~node/"
-PASS_HEADERS = ("content-type",)
+PASS_HEADERS = (CONTENT_TYPE_HEADER,)
 
 
 def unjobbed_key(node: str) -> str:

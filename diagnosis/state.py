@@ -54,7 +54,7 @@ MARK_KEY = "~mark"
 STATIC = frozenset({"config", "batch", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters"})
 DYNAMIC = ("book", "counters._gpus", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
-           "_evicted", "now", "_final", "counts")
+           "_evicted", "now", "_final", "counts", "_last_known")
 
 
 def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:

@@ -17,6 +17,7 @@ from faultlens.config import BusConfig
 from faultlens.errors import BusError
 from faultlens.stream import schema, topics
 from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
+from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class Producer:
         from kafka.errors import KafkaError
 
         name = topics.topic(kind, self.prefix)
+        if headers is None and value is not None:
+            # The wire format travels in a header (DESIGN.md: JSON, or the agent's MessagePack).
+            headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode())]
         try:
             return self._producer.send(name, key=key.encode() if key else None, value=value, partition=partition,
                                        headers=headers or None)
@@ -151,6 +155,7 @@ class Message:
     key: str | None
     value: bytes
     timestamp_ms: int
+    content_type: str | None = None  # the content-type header (JSON or the agent's MessagePack)
     headers: tuple[tuple[str, bytes], ...] = ()
 
     def header(self, name: str) -> bytes | None:
@@ -158,6 +163,13 @@ class Message:
             if k == name:
                 return v
         return None
+
+
+def _content_type(headers: Any) -> str | None:
+    for k, v in headers or ():
+        if k == CONTENT_TYPE_HEADER:
+            return v.decode("latin-1") if isinstance(v, bytes) else str(v)
+    return None
 
 
 class Consumer:
@@ -234,7 +246,7 @@ class Consumer:
             for m in msgs:
                 out.append(
                     Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None,
-                            m.value, m.timestamp, tuple(m.headers or ()))
+                            m.value, m.timestamp, _content_type(m.headers), tuple(m.headers or ()))
                 )
         return out
 

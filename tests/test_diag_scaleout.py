@@ -61,7 +61,7 @@ def _run(bus: Any, fleet: fleetgen.Fleet, instances: int, *, want: int) -> tuple
     config = _config(bus, f"{bus.topic_prefix}-diag")
     services = [DiagnosisService(config, from_beginning=True, tick_interval_s=0.2).start() for _ in range(instances)]
     try:
-        actions = _wait_actions(bus, want, timeout_s=90)
+        _wait_actions(bus, want, timeout_s=90)
         time.sleep(2.0)  # let late incident updates out
     finally:
         for s in services:
@@ -131,3 +131,28 @@ def test_state_survives_a_restart(bus, broker) -> None:
     by_type = sorted((a.type, tuple(a.nodes)) for a in {a.id: a for a in actions}.values())
     assert by_type == [("evict_nodes", (ib_node,)), ("evict_nodes", (xid_node,))]
     assert open_before <= open_after, "open incidents were forgotten across the restart"
+
+
+def test_the_agents_messagepack_samples_pass_the_repartition(bus, broker) -> None:
+    """The agent sends gpu samples as MessagePack (content-type header): the repartition
+    forwards the bytes and the header, and the job's engine reads them."""
+    from faultlens.stream.decode import encode_wire
+
+    ensure_topics(bus)
+    fleet = fleetgen.fleet(jobs=1, nodes_per_job=2, unjobbed=0, duration_s=15, gpu_interval_s=5, faulty_jobs=0)
+    _produce(bus, fleet.topologies)
+    with Producer(bus) as producer:
+        for r in fleet.records:
+            if type(r).KIND == "gpu":
+                producer.send(r, value=encode_wire(r))
+        producer.flush(10)
+    service = DiagnosisService(_config(bus, f"{bus.topic_prefix}-diag"), from_beginning=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and service.applied < 1 + 2 * 3:
+            time.sleep(0.1)
+        engine = service.states["job0000"].engine
+        assert service.decode_errors == 0 and service.applied == 1 + 2 * 3  # the topology and 6 samples
+        assert {("j0000n01", 0), ("j0000n02", 7)} <= set(engine.counters._gpus)
+    finally:
+        service.stop(timeout_s=20)
