@@ -20,8 +20,8 @@ watches the output topics.
    applied twice (the hook applies an effect once per action id, as drain or
    cordon do), hook runs repeated (a resumed in-flight step), incidents kept.
 
-    python benchmarks/scaleout.py --quick   # 512 nodes, 3 kills each (< 1 min of work, plus broker joins)
-    python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (a few minutes)
+    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~3 min: group joins and restarts take seconds)
+    python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
 """
@@ -484,11 +484,11 @@ def main() -> None:
         return
     from faultlens.stream.broker import EmbeddedBroker
 
-    nodes = args.nodes or (512 if args.quick else 2048)
-    kills = args.kills or (3 if args.quick else 10)
-    seconds = 10 if args.quick else 30
+    nodes = args.nodes or (256 if args.quick else 2048)
+    kills = args.kills or (2 if args.quick else 10)
+    seconds = 5 if args.quick else 30
     skip = set(filter(None, args.skip.split(",")))
-    result: dict[str, Any] = {"nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick}
+    result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="faultlens-scaleout-") as tmp, EmbeddedBroker() as broker:
         base = Path(args.workdir) if args.workdir else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
@@ -496,7 +496,7 @@ def main() -> None:
             print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances")
             result["throughput"] = throughput(broker, base, nodes, seconds, [1, 2, 4])
         if "live" not in skip:
-            phase = 8 if args.quick else 20
+            phase = 5 if args.quick else 20
             print(f"live: {nodes} nodes at 1 Hz; a Xid every second while going 1 -> 2 -> 4 instances ({phase} s each)")
             result["live"] = live(broker, base, nodes, phase, failovers=1 if args.quick else 3)
             lv = result["live"]
