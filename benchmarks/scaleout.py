@@ -20,7 +20,7 @@ watches the output topics.
    applied twice (the hook applies an effect once per action id, as drain or
    cordon do), hook runs repeated (a resumed in-flight step), incidents kept.
 
-    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~3 min: group joins and restarts take seconds)
+    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~1.5 min: group joins and restarts take seconds)
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
