@@ -26,7 +26,6 @@ everyday log volume costs almost nothing; recognised records are always shipped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from faultlens.config import Config
 from faultlens.errors import BusError
 from faultlens.signatures import is_ordinary
 from faultlens.stream import schema, topics
+from faultlens.stream.decode import encode_wire
 from faultlens.stream.schema import StackDump
 
 log = logging.getLogger(__name__)
@@ -180,8 +180,8 @@ class Agent:
         for record in records:
             kind = type(record).KIND
             if kind in ("kernel", "nccl") and record.ts <= 0:
-                record = dataclasses.replace(record, ts=self.clock())
-            entries.append((kind, getattr(record, topics.KEY_FIELD[kind], None), schema.encode(record)))
+                record = schema.replace(record, ts=self.clock())
+            entries.append((kind, getattr(record, topics.KEY_FIELD[kind], None), encode_wire(record)))
             urgent = urgent or kind not in PERIODIC_KINDS or (kind == "gpu" and any(g.lost for g in record.gpus))
         if entries:
             self.delivery.put_many(entries, urgent=urgent)

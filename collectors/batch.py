@@ -50,7 +50,6 @@ not:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import gc
 import heapq
@@ -68,7 +67,7 @@ import orjson
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.errors import SchemaError
-from faultlens.stream import schema
+from faultlens.stream import decode, schema
 from faultlens.stream.schema import (
     GpuSample,
     JobTopology,
@@ -127,6 +126,8 @@ class BatchInput:
     steps: list[StepTiming] = field(default_factory=list)
     stacks: list[StackDump] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # "file:line: field: reason: value" for each field the decoder nulled (the record was kept)
+    quarantine: list[str] = field(default_factory=list)
     clocks: dict[str, NodeClock] = field(default_factory=dict)
 
     def records(self) -> Iterator[Any]:
@@ -143,23 +144,22 @@ def _is_sorted(lst: list[Any]) -> bool:
     return all(a.ts <= b.ts for a, b in pairwise(lst))
 
 
-def _json_lines(path: Path, kind: str, errors: list[str]) -> list[Any]:
-    """A JSON-lines file, read in one go; bad lines go to ``errors``."""
+def _json_lines(path: Path, kind: str, errors: list[str], quarantine: list[str] | None = None) -> list[Any]:
+    """A JSON-lines file, read in one go, through the one decoder (stream/decode.py).
+
+    Lines it refuses go to ``errors``; fields it nulled (N/A, a bad value) to ``quarantine``.
+    """
     out = []
-    from_dict = schema.from_dict
-    version = schema.SCHEMA_VERSION
     for no, line in enumerate(path.read_bytes().split(b"\n"), 1):
         if not line.strip():
             continue
+        issues: list[decode.FieldIssue] = []
         try:
-            obj = orjson.loads(line)
-            if isinstance(obj, dict) and "v" not in obj:
-                obj["v"] = version
-            out.append(from_dict(kind, obj))
-        except orjson.JSONDecodeError as exc:
-            errors.append(f"{path}:{no}: malformed_json: {exc}")
+            out.append(decode.decode(kind, line, issues=issues))
         except SchemaError as exc:
             errors.append(f"{path}:{no}: {exc}")
+        if issues and quarantine is not None:
+            quarantine.extend(f"{path}:{no}: {i.field}: {i.reason}: {i.value}" for i in issues if i.reason != decode.UNKNOWN_FIELD)
     return out
 
 
@@ -234,14 +234,14 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
     for nd in nodes:
         g = nd / "gpu.jsonl"
         if g.is_file():
-            samples = _json_lines(g, "gpu", errors)
+            samples = _json_lines(g, "gpu", errors, out.quarantine)
             if not _is_sorted(samples):
                 samples.sort(key=_ts)
             gpu_by_node[nd.name] = samples
             out.gpu.extend(samples)
         tick("gpu")
     for f in step_files:
-        out.steps.extend(_json_lines(f, "steps", errors))
+        out.steps.extend(_json_lines(f, "steps", errors, out.quarantine))
         tick("steps")
     if not _is_sorted(out.gpu):
         out.gpu.sort(key=_ts)
@@ -362,19 +362,19 @@ def _anchor_kernel(recs: list[KernelEvent], clock: NodeClock, samples: list[GpuS
             leading += 1
         elif rel:
             if clock.boot_time is not None:
-                r = dataclasses.replace(r, ts=r.ts + clock.boot_time, fields=_estimated(r.fields, clock.boot_from or ""))
+                r = schema.replace(r, ts=r.ts + clock.boot_time, fields=_estimated(r.fields, clock.boot_from or ""))
                 clock.estimated += 1
         else:
             ts = _near_year(r.ts, r.raw, clock)
             if ts != r.ts:
-                r = dataclasses.replace(r, ts=ts)
+                r = schema.replace(r, ts=ts)
         out.append(r)
     if leading:
         first = out[leading].ts if leading < len(out) else clock.first_ts
         if first is not None:
             how = "next_line" if leading < len(out) else "node_first"
             for i in range(leading):
-                out[i] = dataclasses.replace(out[i], ts=first, fields=_estimated(out[i].fields, how))
+                out[i] = schema.replace(out[i], ts=first, fields=_estimated(out[i].fields, how))
             clock.estimated += leading
     return out
 
@@ -453,21 +453,21 @@ def _anchor_nccl(recs: list[NcclEvent], clock: NodeClock) -> list[NcclEvent]:
         ts = _glog_ts(r.raw, clock)
         if ts is not None:
             if ts != r.ts:
-                r = dataclasses.replace(r, ts=ts)
+                r = schema.replace(r, ts=ts)
         elif r.ts != r.ts:  # NaN: no timed line before it in the file
             if last is None:
                 untimed.append(len(out))
                 out.append(r)
                 continue
-            r = dataclasses.replace(r, ts=last, fields=_estimated(r.fields, "previous_line"))
+            r = schema.replace(r, ts=last, fields=_estimated(r.fields, "previous_line"))
             clock.estimated += 1
         else:
             ts = _near_year(r.ts, r.raw, clock)
             if ts != r.ts:
-                r = dataclasses.replace(r, ts=ts)
+                r = schema.replace(r, ts=ts)
         if untimed:
             for i in untimed:
-                out[i] = dataclasses.replace(out[i], ts=r.ts, fields=_estimated(out[i].fields, "next_line"))
+                out[i] = schema.replace(out[i], ts=r.ts, fields=_estimated(out[i].fields, "next_line"))
                 clock.estimated += 1
             untimed = []
         last = r.ts
@@ -475,6 +475,6 @@ def _anchor_nccl(recs: list[NcclEvent], clock: NodeClock) -> list[NcclEvent]:
     if untimed:
         fallback = clock.first_ts if clock.first_ts is not None else 0.0
         for i in untimed:
-            out[i] = dataclasses.replace(out[i], ts=fallback, fields=_estimated(out[i].fields, "node_first"))
+            out[i] = schema.replace(out[i], ts=fallback, fields=_estimated(out[i].fields, "node_first"))
             clock.estimated += 1
     return out

@@ -8,14 +8,12 @@ job (3.7M GPU samples) quick to write.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import orjson
 
-from faultlens.stream.schema import SCHEMA_VERSION, GpuState
+from faultlens.stream.schema import SCHEMA_VERSION, GpuState, field_names
 
-FIELDS = [f.name for f in dataclasses.fields(GpuState)]
+FIELDS = list(field_names(GpuState))
 FLOAT_FIELDS = {"util", "mem_util", "mem_used_mb", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"}
 BOOL_FIELDS = {"remap_pending", "remap_failure", "lost"}
 ONE_DECIMAL = {"power_w"}

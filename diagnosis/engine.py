@@ -34,6 +34,7 @@ from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, lo
 from faultlens.diagnosis.progress import JobProgress, check_hang
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
+from faultlens.records import LastKnown
 from faultlens.stream.schema import (
     Action,
     Command,
@@ -149,12 +150,14 @@ class DiagnosisEngine:
         self.now = 0.0
         self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
+        self._last_known = LastKnown()  # a null GPU field (N/A) reads as unchanged
 
     # ------------------------------------------------------------------ input
 
     def observe(self, record: Any) -> list[Output]:
         """Take one record; returns what it caused (incidents updated, actions, commands)."""
         self.counts["records"] += 1
+        record = self._last_known.fill(record)
         ts = getattr(record, "ts", None)
         if isinstance(ts, (int, float)) and ts > self.now:
             self.now = float(ts)
@@ -544,7 +547,9 @@ class DiagnosisEngine:
         inc.decided.add(d.type)
         suspects = [s for s in inc.record().suspects]
         action = Action(
-            id=output_id("act", inc.id, self.now, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
+            # Deterministic (incident, type): an incident takes each action type once, and a replay or a
+            # restored instance re-derives the same id, which the runner executes at most once.
+            id=output_id("act", inc.id, d.type), incident_id=inc.id, job=inc.job, ts=self.now, type=d.type,
             nodes=list(d.nodes), suspects=suspects, evidence=list(inc.evidence[:20]), confidence=round(d.confidence, 4),
             dry_run=self.config.guard.dry_run, reason=d.reason + (f" [guard: {'; '.join(verdict.notes)}]" if verdict.notes else ""),
             plan=d.plan,

@@ -50,7 +50,7 @@ class OnlineMode:
     def request_stacks(self, inc: OpenIncident, now: float, reason: str) -> Command | None:
         if inc.state.command is not None:
             return None
-        cmd = Command(id=output_id("cmd", inc.id, now), ts=now, kind="dump_stacks", job=inc.job,
+        cmd = Command(id=output_id("cmd", inc.id, "dump_stacks"), ts=now, kind="dump_stacks", job=inc.job,
                       params={"incident_id": inc.id, "reason": reason})
         inc.state.command = cmd.id
         inc.state.requested_ts = now

@@ -1,14 +1,35 @@
-"""The online diagnosis service: telemetry topics in, incidents/actions/commands out.
+"""The online diagnosis service: telemetry in, incidents/actions/commands out; scales out by job.
 
-Consumes gpu, kernel, nccl, steps, stacks and jobs through stream.bus.Consumer,
-feeds the same DiagnosisEngine as the batch path, ticks it once a second of
-wall time, and produces its outputs with stream.bus.Producer (incidents and
-actions as CloudEvents). A record that does not decode is counted and skipped.
+Every instance runs two stages in one thread (DESIGN.md, "Signals and topics"):
+
+1. the repartitioner (diagnosis.repartition): a member of the group
+   ``<group_id>-repartition`` over the node-keyed input topics; it re-keys every
+   record by job onto ``diag-repartition``, node -> job from the jobs topic;
+2. diagnosis: a member of the group ``<group_id>`` over ``diag-repartition``.
+   It owns the jobs of its partitions, one DiagnosisEngine per job
+   (diagnosis.state), so everything that reasons across a job's nodes stays
+   whole. Nodes outside any job share one engine per partition (job "unknown",
+   node-local rules only). Jobs move between instances only when the group
+   rebalances: the old owner checkpoints and lets go, the new owner restores the
+   jobs of its new partitions from ``diag-changelog`` and replays from the
+   partition's checkpoint marker.
+
+Effects in order, per round: apply records -> checkpoint the jobs that changed
+(state and the outputs they decided, then a marker) -> send the outputs ->
+commit below the marker. A crash anywhere in that order loses nothing: a
+restored owner re-sends the outbox under the same ids (the runner executes an
+id once; an incident is keyed by its id) and never decides an action again
+that its checkpoint says it took.
+
+Time is each partition's stream time (the newest record time seen there), so a
+partition replayed after a failover is judged on its own clock, and one
+instance or four decide the same. Engines tick once a second of wall time.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import queue
 import threading
@@ -19,13 +40,55 @@ from typing import Any
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
+from faultlens.diagnosis.state import (
+    MARK_KEY,
+    ChangelogReader,
+    EngineFactory,
+    JobState,
+    mark_value,
+    restore,
+    snapshot,
+)
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import SchemaError
-from faultlens.stream import schema
-from faultlens.stream.bus import Consumer, Producer, ensure_topics
+from faultlens.stream import schema, topics
+from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
+from faultlens.stream.consume import ConsumeLoop, close_quietly
+from faultlens.stream.decode import CONTENT_TYPE_HEADER
 
 log = logging.getLogger(__name__)
 INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks")
+REPARTITION = "diag-repartition"
+
+
+class _FleetView:
+    """What callers of the single-engine service read (``service.engine.job_of_node``)."""
+
+    def __init__(self, service: DiagnosisService):
+        self._service = service
+
+    def job_of_node(self, node: str) -> str:
+        r = self._service.repartitioner
+        return r.job_of_node(node) if r is not None else "unknown"
+
+
+def _listener(service: DiagnosisService) -> Any:
+    """A rebalance listener that only queues what happened.
+
+    kafka-python 3 calls listeners on its IO loop (the one that heartbeats), so
+    they must not block; the service's own thread restores and lets go at the
+    top of its next round, before it applies any record of those partitions."""
+    from kafka import ConsumerRebalanceListener
+
+    class _Rebalance(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            service._events.put(("revoke", [tp.partition for tp in revoked if tp.topic == service.rep_topic]))
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            service._events.put(("assign", [tp.partition for tp in assigned if tp.topic == service.rep_topic]))
+
+    return _Rebalance()
 
 
 class DiagnosisService:
@@ -33,25 +96,260 @@ class DiagnosisService:
 
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
-                 from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None):
+                 from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
+                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0):
         self.config = config
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
         # The webhook posts from a thread of its own: a slow receiver never delays an action.
         self._webhook_queue: queue.Queue[Any] = queue.Queue(maxsize=1000)
         self.bootstrap = bootstrap
-        self.engine = DiagnosisEngine(config, detectors=detectors, node_health=node_health, batch=False)
+        self.detectors = list(detectors)  # prototypes: each job's engine gets copies of its own
+        self.node_health = node_health
         self.tick_interval_s = tick_interval_s
         self.poll_timeout_ms = poll_timeout_ms
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
-        self._held: collections.deque[tuple[float, Any]] = collections.deque()
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.lookback_s = lookback_s
+        self.engine = _FleetView(self)
+        self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
+        self.repartitioner: Repartitioner | None = None
+        self.states: dict[str, JobState] = {}
+        self.partitions: set[int] = set()
+        self.stream_time: dict[int, float] = {}
+        self._applied: dict[int, int] = {}  # partition -> next offset after the last record applied
+        self._marked: dict[int, int] = {}  # partition -> offset of its last checkpoint marker
+        self._last_checkpoint = 0.0
+        self._last_tick = 0.0
         self.decode_errors = 0
+        self.applied = 0  # repartitioned records applied to an engine
         self.produced = 0
+        self.checkpoints = 0
+        self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
+        self._producer: Producer | None = None
+        self._rep_consumer: Consumer | None = None
+        self._diag_loop: ConsumeLoop | None = None
+        self._changelog: ChangelogReader | None = None
+        self._factory: EngineFactory | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._categories_seen: set[str] = set()
         self.ready = threading.Event()
+        self._events: queue.Queue[tuple[str, list[int]]] = queue.Queue()
+
+    # ------------------------------------------------------------------ engines and state
+
+    def make_engine(self, key: str = "") -> DiagnosisEngine:
+        """A job's engine (detectors: copies of the prototypes, so each job has its own baselines)."""
+        if self._factory is None:
+            self._factory = EngineFactory(lambda: DiagnosisEngine(
+                self.config, detectors=[copy.deepcopy(d) for d in self.detectors], node_health=self.node_health,
+                batch=False))
+        return self._factory(key)
+
+    def _state(self, key: str, partition: int) -> JobState:
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = JobState(key, partition, self.make_engine(key))
+        return st
+
+    def _rebalanced(self) -> None:
+        """Apply the group's queued rebalance events (revocations first, as they came)."""
+        while True:
+            try:
+                what, parts = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if what == "revoke":
+                self._on_revoked(parts)
+            else:
+                self._on_assigned(parts)
+
+    def _on_revoked(self, partitions: list[int]) -> None:
+        gone = set(partitions) & self.partitions
+        if not gone:
+            return
+        # Nothing to write: every round ends checkpointed or with its changes still
+        # unsent, and the next owner replays those from the partition's marker.
+        for key in [k for k, st in self.states.items() if st.partition in gone]:
+            del self.states[key]
+        for p in gone:
+            self.stream_time.pop(p, None)
+            self._applied.pop(p, None)
+            self._marked.pop(p, None)
+        self.partitions -= gone
+        if self._diag_loop is not None:
+            name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
+            self._diag_loop.forget([(name, p) for p in gone])
+        log.info("diagnosis: gave up partitions %s", sorted(gone))
+
+    def _on_assigned(self, partitions: list[int]) -> None:
+        for p in sorted(set(partitions) - self.partitions):
+            started = time.monotonic()
+            if self._changelog is None:
+                self._changelog = ChangelogReader(self.config, self.bootstrap)
+            restored = self._changelog.read(p)
+            keys = 0
+            for key, value in restored.values.items():
+                try:
+                    st = restore(value, p, self.make_engine, key)
+                except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
+                    log.error("checkpoint of %s in partition %d is unreadable (%r): the job starts afresh", key, p, exc)
+                    continue
+                self.states[key] = st
+                keys += 1
+            mark = restored.mark or {}
+            start = int(mark.get("next_offset", 0))
+            self.stream_time[p] = float(mark.get("stream_time", 0.0))
+            self._applied[p] = self._marked[p] = start
+            # No seek: the committed offset never passes the marker (hold_back), so the group
+            # resumes at or before it, and what the checkpoints already hold is skipped.
+            self.partitions.add(p)
+            self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
+                                  "seconds": round(time.monotonic() - started, 3), "from_offset": start,
+                                  "wall": time.time()})
+            log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s, "
+                     "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
+        if self.partitions:
+            self.ready.set()
+
+    # ------------------------------------------------------------------ records
+
+    def _apply(self, batch: Sequence[Message]) -> None:
+        """ConsumeLoop handler for the repartition topic: apply, then checkpoint and send."""
+        self._rebalanced()
+        unowned: dict[int, int] = {}
+        for m in batch:
+            p = m.partition
+            if p not in self.partitions:
+                unowned[p] = min(unowned.get(p, m.offset), m.offset)
+                continue
+            if m.offset < self._marked.get(p, 0):
+                continue  # already in a finished checkpoint round
+            key = m.key or "unknown"
+            if key.startswith(UNJOBBED_PREFIX):
+                key = f"~nodes/{p}"
+            st = self._state(key, p)
+            if m.offset < st.next_offset:
+                continue  # this job's checkpoint already holds it (a round that did not finish its marker)
+            st.next_offset = m.offset + 1
+            st.dirty = True
+            self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
+            kind = (m.header("k") or b"").decode()
+            source_key = (m.header("sk") or b"").decode()
+            try:
+                source_offset = int(m.header("so") or b"-1")
+            except ValueError:
+                source_offset = -1
+            if source_offset >= 0 and st.seen(kind, source_key, source_offset):
+                continue  # forwarded twice by a repartitioner that crashed before its commit
+            if kind == "jobs":
+                if st.topology == m.value:
+                    continue
+                st.topology = m.value
+            try:
+                ctype = m.header(CONTENT_TYPE_HEADER)
+                record = schema.decode(kind, m.value, content_type=ctype.decode("latin-1") if ctype else None)
+            except (SchemaError, ValueError) as exc:
+                self.decode_errors += 1
+                if self._diag_loop is not None:
+                    self._diag_loop.dead_letter(m, getattr(exc, "reason", "undecodable"), str(exc))
+                continue
+            ts = getattr(record, "ts", None)
+            if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
+                self.stream_time[p] = float(ts)
+            self.applied += 1
+            st.outbox.extend(st.engine.observe(record))
+        if unowned:
+            self._refetch(unowned)
+        self._tick()
+        self._flush()
+
+    def _refetch(self, first: dict[int, int]) -> None:
+        """Records of a partition this instance is assigned but has not restored yet (its rebalance
+        event came after the fetch): seek back so they come again once the state is in."""
+        from kafka import TopicPartition
+
+        if self._rep_consumer is None:
+            return
+        name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
+        assigned = {tp.partition for tp in self._rep_consumer.raw.assignment()}
+        for p, off in first.items():
+            if p in assigned:
+                self._rep_consumer.raw.seek(TopicPartition(name, p), off)
+
+    def _tick(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_tick < self.tick_interval_s:
+            return
+        self._last_tick = now
+        for st in self.states.values():
+            # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
+            out = st.engine.tick(self.stream_time.get(st.partition) or None)
+            if out:
+                st.outbox.extend(out)
+                st.dirty = True
+
+    def _flush(self, *, force: bool = False) -> None:
+        """Checkpoint what changed (with its outbox and a marker per partition), then send the outbox.
+
+        A partition is checkpointed every ``checkpoint_interval_s``, and at once when one of its jobs
+        has outputs to send (an output never leaves before the state that decided it)."""
+        producer = self._producer
+        if producer is None:
+            return
+        pending = [st for st in self.states.values() if st.outbox]
+        if force or time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+            due = set(self.partitions)
+            self._last_checkpoint = time.monotonic()
+        else:
+            due = {st.partition for st in pending}
+        if due:
+            self._checkpoint(producer, due)
+        if not pending:
+            return
+        for st in pending:
+            for out in st.outbox:
+                producer.send(out)
+                self.produced += 1
+                self._observe_output(out)
+        producer.flush(30.0)
+        for st in pending:
+            st.outbox = []
+            st.dirty = True  # the emptied outbox is checkpointed next round
+
+    def _checkpoint(self, producer: Producer, partitions: set[int]) -> None:
+        """Every changed job of ``partitions``, then each partition's marker, flushed."""
+        dirty = [st for st in self.states.values() if st.dirty and st.partition in partitions]
+        moved = {p for p in partitions if self._applied.get(p, 0) > self._marked.get(p, 0)}
+        if not dirty and not moved:
+            return
+        for st in dirty:
+            producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
+            st.dirty = False
+        marked = {st.partition for st in dirty} | moved
+        for p in marked:
+            producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
+                                                                    self.stream_time.get(p, 0.0)), partition=p)
+        producer.flush(30.0)
+        for p in marked:
+            self._marked[p] = max(self._marked.get(p, 0), self._applied.get(p, 0))
+        self.checkpoints += 1
+
+    def _hold_back(self) -> dict[tuple[str, int], int]:
+        name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
+        caps = {(name, p): self._marked.get(p, 0) for p in self.partitions}
+        if self._rep_consumer is not None:
+            for tp in self._rep_consumer.raw.assignment():
+                if tp.topic == name:
+                    caps.setdefault((tp.topic, tp.partition), -1)  # assigned, not restored yet
+        return caps
+
+    # ------------------------------------------------------------------ outputs
+
+    def open_incidents(self) -> list[Any]:
+        return [i for st in self.states.values() for i in st.engine.book.open_incidents()]
 
     def _observe_output(self, out: Any) -> None:
         """Metrics (incidents open, actions by type) and the Alertmanager webhook."""
@@ -61,8 +359,7 @@ class DiagnosisService:
             if kind == "actions":
                 self.metrics.actions.labels(type=out.type, status="emitted").inc()
             elif kind == "incidents":
-                open_by_category: dict[str, int] = collections.Counter(
-                    i.category for i in self.engine.book.open_incidents())
+                open_by_category: dict[str, int] = collections.Counter(i.category for i in self.open_incidents())
                 for category in set(open_by_category) | self._categories_seen:
                     self.metrics.incidents_open.labels(category=category).set(open_by_category.get(category, 0))
                 self._categories_seen |= set(open_by_category)
@@ -85,93 +382,61 @@ class DiagnosisService:
                 if self.metrics is not None:
                     self.metrics.webhook_failures.inc()
 
-    def _hold(self, record: Any) -> bool:
-        """Hold a node's records briefly while its job is unknown (the topology may be a
-        poll behind), so one fault does not open an incident under job "unknown" too.
-        A node that never joins a job is diagnosed ``unknown_hold_s`` late."""
-        node = getattr(record, "node", None)
-        if self.unknown_hold_s <= 0 or node is None or record.KIND in ("jobs", "steps"):
-            return False
-        if self._held or self.engine.job_of_node(node) == "unknown":
-            self._held.append((time.monotonic(), record))
-            return True
-        return False
-
-    def _release(self) -> list[Any]:
-        out: list[Any] = []
-        now = time.monotonic()
-        while self._held:
-            since, record = self._held[0]
-            if self.engine.job_of_node(record.node) == "unknown" and now - since < self.unknown_hold_s:
-                break
-            self._held.popleft()
-            out.extend(self.engine.observe(record))
-        return out
-
-    def _read_topologies(self, reader: Consumer, timeout_ms: int = 0) -> list[Any]:
-        """Job topologies are state, not events: they are read from the start of the jobs
-        topic by a reader of their own, so a service that joins late or restarts still
-        knows which node runs which job."""
-        out: list[Any] = []
-        for m in reader.poll(timeout_ms):
-            try:
-                out.extend(self.engine.observe(schema.decode("jobs", m.value)))
-            except SchemaError as exc:
-                self.decode_errors += 1
-                log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
-        return out
+    # ------------------------------------------------------------------ the loop
 
     def serve(self, *, max_seconds: float | None = None) -> None:
-        ensure_topics(self.config.bus, self.bootstrap)
-        jobs_reader = Consumer(self.config.bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
-        consumer = Consumer(self.config.bus, [k for k in INPUT_KINDS if k != "jobs"],
-                            group_id=self.config.diagnosis.group_id,
-                            bootstrap=self.bootstrap, from_beginning=self.from_beginning,
-                            fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
-        producer = Producer(self.config.bus, self.bootstrap, linger_ms=0)
-        if self._webhook is not None:
-            threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
-        started = time.monotonic()
-        last_tick = 0.0
+        bus = self.config.bus
+        gid = self.config.diagnosis.group_id
+        ensure_topics(bus, self.bootstrap)
+        # Every round ends in a flush, so lingering only batches sends within a round.
+        producer = self._producer = Producer(bus, self.bootstrap, linger_ms=20)
+        # A new group reads the input from the start and skips what is older than a short lookback:
+        # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
+        not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)
+        self.repartitioner = Repartitioner(producer, unknown_hold_s=self.unknown_hold_s, not_before_ms=not_before)
+        jobs_reader = consumer = None
         try:
+            jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
+            # One consumer, one group, for both stages: the input topics (repartitioned) and the
+            # repartition topic (diagnosed). Two groups per process made Tansu's joins take 10-40 s.
+            consumer = self._rep_consumer = Consumer(
+                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], group_id=gid, bootstrap=self.bootstrap,
+                from_beginning=True, listener=_listener(self),
+                fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
+            repartitioner = self.repartitioner
+
+            def handle(batch: Sequence[Message]) -> None:
+                inputs = [m for m in batch if m.kind != REPARTITION]
+                if inputs:
+                    repartitioner.handle(inputs)
+                rep = [m for m in batch if m.kind == REPARTITION]
+                if rep or not inputs:
+                    self._apply(rep)
+
+            loop = self._diag_loop = ConsumeLoop(consumer, handle, producer=producer, name="diagnosis",
+                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()})
+            if self._webhook is not None:
+                threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
+            started = time.monotonic()
             while not self._stop.is_set():
-                outputs: list[Any] = self._read_topologies(jobs_reader)
-                msgs = consumer.poll(timeout_ms=self.poll_timeout_ms)
-                if not self.ready.is_set() and consumer.raw.assignment():
-                    self.ready.set()
-                for m in msgs:
-                    try:
-                        record = schema.decode(m.kind, m.value)
-                    except SchemaError as exc:
-                        self.decode_errors += 1
-                        log.warning("skipping undecodable %s message at offset %d: %s", m.topic, m.offset, exc)
-                        continue
-                    if self._hold(record):
-                        continue
-                    outputs.extend(self.engine.observe(record))
-                outputs.extend(self._release())
-                now_wall = time.monotonic()
-                if now_wall - last_tick >= self.tick_interval_s:
-                    last_tick = now_wall
-                    # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
-                    outputs.extend(self.engine.tick())
-                for out in outputs:
-                    producer.send(out)
-                    self.produced += 1
-                    self._observe_output(out)
-                if self.metrics is not None and msgs:
-                    for m in msgs:
-                        self.metrics.messages_consumed.labels(topic=m.topic).inc()
-                if outputs:
-                    producer.flush(5.0)
-                if msgs:
-                    consumer.commit()
+                self._rebalanced()
+                topologies = jobs_reader.poll(0)
+                for m in topologies:
+                    repartitioner.on_topology(m)
+                if repartitioner.release() or topologies:
+                    producer.flush(30.0)
+                if not loop.step(timeout_ms=0 if topologies or repartitioner.held else self.poll_timeout_ms):
+                    self._tick()
+                    self._flush()
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
+            self._tick(force=True)
+            self._flush(force=True)
+            loop.commit()
         finally:
+            close_quietly(consumer, jobs_reader, self._changelog)
+            self._changelog = None
             producer.close()
-            consumer.close()
-            jobs_reader.close()
 
     def start(self) -> DiagnosisService:
         self._thread = threading.Thread(target=self.serve, name="faultlens-diagnosis", daemon=True)

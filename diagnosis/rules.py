@@ -61,7 +61,7 @@ def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
     """Load and validate counters.toml; a bad entry fails naming file and entry."""
     path = path or CATALOGS / "counters.toml"
     data = load_toml(path)
-    gpu_fields = set(GpuState.__dataclass_fields__)
+    gpu_fields = set(GpuState.__struct_fields__)
     rules = []
     for i, entry in enumerate(data.get("rule", [])):
         name = str(entry.get("name", f"#{i}"))

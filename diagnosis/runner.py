@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from faultlens.config import Config
-from faultlens.diagnosis.adapter_base import Adapter, Refused, check_nodes, run_steps
+from faultlens.diagnosis.adapter_base import Adapter, Refused, StepsResult, check_nodes, run_steps
 from faultlens.diagnosis.adapter_dryrun import DryRunAdapter
 from faultlens.diagnosis.adapters import make_adapter
 from faultlens.diagnosis.event_schemas import EventValidator
@@ -59,20 +59,34 @@ class Outcome:
     duplicate: bool = False
 
 
+IN_DOUBT = "started"  # recorded before anything runs; still the last word after a crash mid-action
+
+
 class Ledger:
-    """Action ids already handled, with their status; a JSON-lines file when ``path`` is set."""
+    """Action ids already handled, with their status and the steps that finished; a JSON-lines
+    file when ``path`` is set (fsynced per entry, so it survives a kill -9)."""
 
     def __init__(self, path: str = ""):
         self.path = Path(path) if path else None
         self._seen: dict[str, str] = {}
+        self._steps: dict[str, set[int]] = {}
         if self.path is not None and self.path.exists():
             try:
-                for line in self.path.read_text(encoding="utf-8").splitlines():
-                    if line.strip():
-                        entry = orjson.loads(line)
-                        self._seen[entry["action_id"]] = entry["status"]
-            except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+                lines = [ln for ln in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+            except OSError as exc:
                 raise LakeError(f"runner ledger {self.path} is unreadable: {exc}") from exc
+            for n, line in enumerate(lines, 1):
+                try:
+                    entry = orjson.loads(line)
+                    if "step" in entry:
+                        self._steps.setdefault(entry["action_id"], set()).add(int(entry["step"]))
+                    else:
+                        self._seen[entry["action_id"]] = entry["status"]
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    if n == len(lines):  # a kill -9 mid-write tears at most the last entry
+                        log.warning("runner ledger %s: torn last entry ignored (%s)", self.path, exc)
+                        continue
+                    raise LakeError(f"runner ledger {self.path} line {n} is unreadable: {exc}") from exc
 
     def __contains__(self, action_id: str) -> bool:
         return action_id in self._seen
@@ -80,12 +94,27 @@ class Ledger:
     def status(self, action_id: str) -> str | None:
         return self._seen.get(action_id)
 
+    def in_doubt(self, action_id: str) -> bool:
+        """Started and never finished: the runner stopped while carrying it out."""
+        return self._seen.get(action_id) == IN_DOUBT
+
+    def steps_done(self, action_id: str) -> set[int]:
+        return set(self._steps.get(action_id, ()))
+
     def record(self, action_id: str, status: str) -> None:
         self._seen[action_id] = status
+        self._write({"action_id": action_id, "status": status, "ts": time.time()})
+
+    def record_step(self, action_id: str, step: int) -> None:
+        """Step ``step`` of the action's plan finished: a resumed action does not run it again."""
+        self._steps.setdefault(action_id, set()).add(step)
+        self._write({"action_id": action_id, "step": step, "ts": time.time()})
+
+    def _write(self, entry: dict[str, Any]) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("ab") as f:
-                f.write(orjson.dumps({"action_id": action_id, "status": status, "ts": time.time()}) + b"\n")
+                f.write(orjson.dumps(entry) + b"\n")
                 f.flush()
                 os.fsync(f.fileno())
 
@@ -133,11 +162,16 @@ class ActionRunner:
             action = schema.from_dict("actions", event["data"])
         except SchemaError as exc:
             return self._dead(value, exc.reason, str(exc), partition, offset, key, event=event)
-        if action.id in self.ledger:
+        resume = self.ledger.in_doubt(action.id)
+        if action.id in self.ledger and not resume:
             log.info("action %s already handled (%s): not run again", action.id, self.ledger.status(action.id))
             self.metrics.actions.labels(type=action.type, status="duplicate").inc()
             return Outcome(duplicate=True)
-        self.ledger.record(action.id, "started")
+        if resume:
+            log.warning("action %s was in flight when the runner stopped: resuming after step(s) %s",
+                        action.id, sorted(self.ledger.steps_done(action.id)) or "none")
+        else:
+            self.ledger.record(action.id, IN_DOUBT)
         status = self._decide_and_run(action, event)
         self.ledger.record(action.id, status.status)
         self.metrics.actions.labels(type=action.type, status=status.status).inc()
@@ -170,10 +204,30 @@ class ActionRunner:
             log.info("action %s (%s): nothing to execute for adapter %s", action.id, action.type, self.adapter.name)
             return status("done", f"{action.type}: nothing to execute for the {self.adapter.name} adapter")
         log.warning("executing action %s (%s) for job %s: %s", action.id, action.type, action.job, would)
-        result = run_steps(steps, timeout_s=self.cfg.command_timeout_s, env=self.env)
+        result = self._run_steps(action.id, steps)
         if not result.ok:
             log.error("action %s failed: %s", action.id, result.detail)
         return status("done" if result.ok else "failed", result.detail, result.commands)
+
+    def _run_steps(self, action_id: str, steps: list[Any]) -> Any:
+        """Run the plan one step at a time, each recorded in the ledger when it finishes, so a runner
+        killed mid-action resumes at the step in flight (steps are idempotent: drain, cordon, taint,
+        a hook keyed by the action id) and never repeats a finished one."""
+        done = self.ledger.steps_done(action_id)
+        total = StepsResult(ok=True)
+        for i, step in enumerate(steps):
+            if i in done:
+                continue
+            result = run_steps([step], timeout_s=self.cfg.command_timeout_s, env=self.env)
+            total.commands.extend(result.commands)
+            if not result.ok:
+                total.ok, total.detail = False, result.detail
+                return total
+            self.ledger.record_step(action_id, i)
+        skipped = len(done & set(range(len(steps))))
+        total.detail = f"{len(steps) - skipped} command(s) succeeded" + (
+            f" ({skipped} finished before a restart)" if skipped else "")
+        return total
 
     def _dead(self, value: bytes, reason: str, detail: str, partition: int, offset: int, key: str | None,
               *, event: Any = None) -> Outcome:
@@ -199,11 +253,14 @@ class ActionRunner:
 
     def run(self, stop: threading.Event | None = None, *, max_seconds: float | None = None,
             poll_ms: int = 500) -> int:
-        """Consume until ``stop`` is set (or ``max_seconds``); returns the number of messages handled."""
+        """Consume until ``stop`` is set (or ``max_seconds``); returns the number of messages handled.
+
+        One ``ConsumeLoop``: a batch's statuses are flushed before its offsets are committed; a
+        re-delivered action (a commit lost to a crash or a rebalance) is recognised by the ledger."""
         from faultlens.metrics import observe_consumer_lag
         from faultlens.stream.bus import Consumer, Producer, ensure_topics
+        from faultlens.stream.consume import ConsumeLoop
 
-        stop = stop or threading.Event()
         bus = self.config.bus
         try:
             ensure_topics(bus, self.bootstrap, names=("actions", "action-status", "deadletter"))
@@ -211,41 +268,32 @@ class ActionRunner:
             log.warning("runner: could not ensure topics: %s", exc)
         consumer = Consumer(bus, ["actions"], group_id=self.cfg.group_id, bootstrap=self.bootstrap)
         producer = Producer(bus, self.bootstrap)
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         handled = 0
+
+        def handle_batch(messages: Any) -> None:
+            nonlocal handled
+            for m in messages:
+                self.metrics.messages_consumed.labels(topic=m.topic).inc()
+                try:
+                    outcome = self.handle(m.value, partition=m.partition, offset=m.offset, key=m.key)
+                except Exception as exc:  # noqa: BLE001 - one bad action must not stop the runner
+                    log.exception("runner: unexpected error on %s[%d]@%d", m.topic, m.partition, m.offset)
+                    outcome = self._dead(m.value, "runner_error", repr(exc), m.partition, m.offset, m.key)
+                for record in (outcome.status, outcome.dead_letter):
+                    if record is not None:
+                        producer.send(record)
+                        self.metrics.messages_produced.labels(
+                            topic=topics.topic(type(record).KIND, bus.topic_prefix)).inc()
+                handled += 1
+            producer.flush(timeout_s=30)  # a BusError here: the loop rewinds; the ledger stops a second run
+            observe_consumer_lag(self.metrics, consumer.raw)
+
         log.info("runner: adapter %s, %s, consuming %s as group %s", self.adapter.name,
                  "EXECUTING non-dry-run actions" if self.cfg.execute else "dry-run (logs only)", self.topic,
                  self.cfg.group_id)
+        loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms)
         try:
-            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                try:
-                    messages = consumer.poll(poll_ms, max_records=100)
-                except BusError as exc:
-                    log.error("runner: %s; retrying", exc)
-                    stop.wait(1.0)
-                    continue
-                for m in messages:
-                    self.metrics.messages_consumed.labels(topic=m.topic).inc()
-                    try:
-                        outcome = self.handle(m.value, partition=m.partition, offset=m.offset, key=m.key)
-                    except Exception as exc:  # noqa: BLE001 - one bad action must not stop the runner
-                        log.exception("runner: unexpected error on %s[%d]@%d", m.topic, m.partition, m.offset)
-                        outcome = self._dead(m.value, "runner_error", repr(exc), m.partition, m.offset, m.key)
-                    for record in (outcome.status, outcome.dead_letter):
-                        if record is not None:
-                            producer.send(record)
-                            self.metrics.messages_produced.labels(
-                                topic=topics.topic(type(record).KIND, bus.topic_prefix)).inc()
-                    handled += 1
-                if messages:
-                    try:
-                        producer.flush(timeout_s=30)
-                        consumer.commit()
-                    except BusError as exc:
-                        # The ledger keeps re-delivered actions from running twice.
-                        log.error("runner: %s", exc)
-                    observe_consumer_lag(self.metrics, consumer.raw)
+            loop.run(stop, max_seconds=max_seconds)
         finally:
             producer.close()
-            consumer.close()
         return handled

@@ -31,6 +31,8 @@ Families (every name starts with ``faultlens_``; label names in braces):
 | rows_written       | faultlens_lake_rows_written_total{table} | counter | stream processor |
 | dead_letters       | faultlens_dead_letters_total{topic,reason} | counter | whoever dead-letters |
 | parse_failures     | faultlens_parse_failures_total{source}   | counter | agent parsers (kernel, nccl, steps, stacks) |
+| fields_quarantined | faultlens_fields_quarantined_total{topic,field,reason} | counter | stream processor: fields the decoder nulled |
+| unknown_fields     | faultlens_unknown_fields_total{topic,field} | counter | stream processor: unknown keys the decoder ignored |
 | source_up          | faultlens_source_up{source}              | gauge   | agent: 1 delivering, 0 failing or no data |
 | last_event_ts      | faultlens_last_event_timestamp_seconds{source} | gauge | agent: unix time of the last record read |
 | incidents_open     | faultlens_incidents_open{category}       | gauge   | diagnosis |
@@ -79,6 +81,11 @@ class ServiceMetrics:
                                     ["table"], registry=r)
         self.dead_letters = Counter("faultlens_dead_letters", "Messages dead-lettered, by reason.",
                                     ["topic", "reason"], registry=r)
+        self.fields_quarantined = Counter("faultlens_fields_quarantined",
+                                          "Record fields the decoder could not read and nulled (lake table quarantine).",
+                                          ["topic", "field", "reason"], registry=r)
+        self.unknown_fields = Counter("faultlens_unknown_fields", "Unknown record keys the decoder ignored.",
+                                      ["topic", "field"], registry=r)
         self.parse_failures = Counter("faultlens_parse_failures", "Raw lines or records that did not parse.",
                                       ["source"], registry=r)
         self.source_up = Gauge("faultlens_source_up", "1 when the collector source delivered in its last round.",

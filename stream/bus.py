@@ -17,6 +17,7 @@ from faultlens.config import BusConfig
 from faultlens.errors import BusError
 from faultlens.stream import schema, topics
 from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
+from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def ensure_topics(bus: BusConfig, bootstrap: str | None = None, names: Iterable[
     try:
         existing = set(admin.list_topics())
         new = [
-            NewTopic(topics.topic(n, bus.topic_prefix), topics.DEFAULT_PARTITIONS.get(n, 1), 1)
+            NewTopic(topics.topic(n, bus.topic_prefix), topics.DEFAULT_PARTITIONS.get(n, 1), 1,
+                     topic_configs=topics.TOPIC_CONFIGS.get(n, {}))
             for n in names
             if topics.topic(n, bus.topic_prefix) not in existing
         ]
@@ -111,12 +113,18 @@ class Producer:
             value = orjson.dumps(schema.cloudevent(record))
         return self.send_raw(kind, key, value if value is not None else schema.encode(record))
 
-    def send_raw(self, kind: str, key: str | None, value: bytes) -> Any:
+    def send_raw(self, kind: str, key: str | None, value: bytes | None, *, partition: int | None = None,
+                 headers: list[tuple[str, bytes]] | None = None) -> Any:
+        """Send pre-encoded bytes (None: a tombstone); ``partition`` overrides the key's partition."""
         from kafka.errors import KafkaError
 
         name = topics.topic(kind, self.prefix)
+        if headers is None and value is not None:
+            # The wire format travels in a header (DESIGN.md: JSON, or the agent's MessagePack).
+            headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode())]
         try:
-            return self._producer.send(name, key=key.encode() if key else None, value=value)
+            return self._producer.send(name, key=key.encode() if key else None, value=value, partition=partition,
+                                       headers=headers or None)
         except KafkaError as exc:
             raise BusError(f"producing to {name} failed: {exc}") from exc
 
@@ -147,6 +155,21 @@ class Message:
     key: str | None
     value: bytes
     timestamp_ms: int
+    content_type: str | None = None  # the content-type header (JSON or the agent's MessagePack)
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+def _content_type(headers: Any) -> str | None:
+    for k, v in headers or ():
+        if k == CONTENT_TYPE_HEADER:
+            return v.decode("latin-1") if isinstance(v, bytes) else str(v)
+    return None
 
 
 class Consumer:
@@ -222,15 +245,23 @@ class Consumer:
             kind = topics.kind_of(tp.topic, self.prefix)
             for m in msgs:
                 out.append(
-                    Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None, m.value, m.timestamp)
+                    Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None,
+                            m.value, m.timestamp, _content_type(m.headers), tuple(m.headers or ()))
                 )
         return out
 
-    def commit(self) -> None:
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit the consumed positions, or ``offsets`` ({(topic, partition): next offset})."""
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
 
         try:
-            self._consumer.commit()
+            if offsets is None:
+                self._consumer.commit()
+            elif offsets:
+                self._consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                                       for (t, p), o in offsets.items()})
         except KafkaError as exc:
             raise BusError(f"commit failed: {exc}") from exc
 

@@ -29,35 +29,32 @@ table (exactly once, like any row) and are sent to the deadletter topic
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.json as pajson
 from kafka import ConsumerRebalanceListener
 
 from faultlens.config import Config
-from faultlens.errors import BusError, LakeError, SchemaError
+from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
-from faultlens.stream import schema, topics
-from faultlens.stream.lake import LakeWriter, table_name
+from faultlens.stream import decode_arrow, schema, topics
+from faultlens.stream.lake import LakeWriter
 
 log = logging.getLogger(__name__)
 
 # What the processor consumes: telemetry plus the diagnosis outputs the UI shows.
 # Not the deadletter topic: dead letters reach the lake straight from here.
 CONSUMED_KINDS = (*topics.TELEMETRY, "incidents", "actions", "action-status", "commands")
-DEADLETTER_PAYLOAD_MAX = 64 * 1024  # bytes of an oversized message kept in the lake
+DEADLETTER_PAYLOAD_MAX = decode_arrow.DEADLETTER_PAYLOAD_MAX
 
 
 def _have_c_crc32c() -> bool:
@@ -78,220 +75,9 @@ PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<firs
 
 
 # --------------------------------------------------------------------------- decoding
-
-
-def _gpu_struct_defaults() -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: f.default for f in dataclasses.fields(schema.GpuState) if f.default is not dataclasses.MISSING}
-
-
-_GPU_LAKE = schema.lake_schema("gpu")
-_GPU_DEFAULTS = _gpu_struct_defaults()
-# The reader infers types rather than taking the wire schema: with an explicit
-# schema, every absent (sparse) counter costs as much as a parsed one, and the
-# sparse wire (schema.GPU_SPARSE_FIELDS) leaves most of them out. Inferred types
-# are then checked against the lake's, never coerced across kinds (a string
-# where a number belongs sends the batch to the per-message path).
-_JSON_PARSE = pajson.ParseOptions(unexpected_field_behavior="infer")
-# One decode worker per core parses single-threaded: no oversubscription of the
-# Arrow thread pool, and batches (one poll of one partition) are a few MB.
-_JSON_READ = pajson.ReadOptions(block_size=4 << 20, use_threads=False)
-_READABLE = pa.array(sorted(schema.READABLE_VERSIONS), pa.int64())
-_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
-
-
-def _conform(col: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray | None:
-    """An inferred JSON column as the lake type, or None where ``schema.decode`` might disagree.
-
-    Accepted as ``_coerce`` accepts them: an integer where a float belongs, an
-    integral float where an integer belongs (a safe cast refuses 1.5), strings
-    (checked for UTF-8, which Arrow's reader does not), bools, and columns of
-    nulls only (absent keys; explicit nulls are caught by the caller).
-    """
-    t = col.type
-    if pa.types.is_null(t):
-        return pa.nulls(len(col), target)
-    if t == target:
-        if pa.types.is_string(t):
-            try:
-                col.validate(full=True)
-            except pa.ArrowInvalid:
-                return None
-        elif pa.types.is_floating(t) and not pc.all(pc.is_finite(col)).as_py() and len(col) != col.null_count:
-            return None  # NaN/Infinity are not JSON; Arrow's reader lets them through
-        return col
-    if pa.types.is_floating(target) and pa.types.is_integer(t):
-        return col.cast(target)
-    if pa.types.is_integer(target) and pa.types.is_floating(t):
-        try:
-            return col.cast(target)  # safe: 2.0 -> 2, 2.5 raises
-        except _ARROW_ERRORS:
-            return None
-    return None
-
-
-_CONSTANTS: dict[str, pa.Array] = {}
-
-
-def _constant(name: str, type_: pa.DataType, n: int) -> pa.Array:
-    """``n`` copies of a GPU field's default: a zero-copy slice of a cached array."""
-    cached = _CONSTANTS.get(name)
-    if cached is None or len(cached) < n:
-        cached = _CONSTANTS[name] = pa.array([_GPU_DEFAULTS[name]] * max(n, 1 << 16), type_)
-    return cached.slice(0, n)
-
-
-def decode_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
-    """Many GPU messages -> gpu lake rows in one Arrow parse; None if any message is bad.
-
-    The caller then decodes one by one to find and dead-letter the bad ones.
-    Whatever the batch path accepts, ``schema.decode`` accepts too (and gives
-    the same rows): anything Arrow's reader is more lenient about (NaN,
-    invalid UTF-8, an explicit ``null`` where the record has no None, a type
-    it would convert) sends the batch to the per-message path.
-    """
-    if not values:
-        return _GPU_LAKE.empty_table()
-    buf = b"\n".join(values)
-    try:
-        wire = pajson.read_json(pa.BufferReader(buf), read_options=_JSON_READ, parse_options=_JSON_PARSE)
-    except _ARROW_ERRORS:
-        return None
-    if wire.num_rows != len(values):  # a message with a raw newline, or an empty one
-        return None
-    names = set(wire.column_names)
-    if not {"v", "ts", "node"} <= names:
-        return None
-    v, ts, node = wire.column("v"), _conform(wire.column("ts"), pa.float64()), _conform(wire.column("node"), pa.string())
-    if ts is None or node is None or not pa.types.is_integer(v.type):
-        return None
-    if v.null_count or ts.null_count or node.null_count or not pc.all(pc.is_in(v, value_set=_READABLE)).as_py():
-        return None
-    job = _conform(wire.column("job"), pa.string()) if "job" in names else pa.nulls(wire.num_rows, pa.string())
-    if job is None:
-        return None
-    if "gpus" not in names:
-        return _GPU_LAKE.empty_table()
-    # Arrow cannot tell a missing key (take the default) from an explicit null (a
-    # dead letter). Only when every "null" in the text is a job's (a job may be
-    # null) are the nulls below missing keys; any other "null", even one inside a
-    # string, sends the batch to the per-message path.
-    explicit_nulls = b"null" in buf and buf.count(b"null") != buf.count(b'"job":null')
-    gpus = wire.column("gpus").combine_chunks()
-    if pa.types.is_list(gpus.type) and pa.types.is_null(gpus.type.value_type):  # every "gpus" empty
-        empty = len(pc.list_flatten(gpus)) == 0 and not (gpus.null_count and explicit_nulls)
-        return _GPU_LAKE.empty_table() if empty else None
-    if not (pa.types.is_list(gpus.type) and pa.types.is_struct(gpus.type.value_type)):
-        return None
-    if gpus.null_count:
-        if explicit_nulls:
-            return None  # "gpus": null is a dead letter; an absent "gpus" is no GPUs
-        gpus = pc.fill_null(gpus, pa.scalar([], gpus.type))
-    flat = pc.list_flatten(gpus)
-    if flat.null_count:
-        return None
-    wire_fields = {flat.type.field(i).name: i for i in range(flat.type.num_fields)}
-    if "index" not in wire_fields:
-        return None
-    parents = pc.list_parent_indices(gpus)
-    cols: dict[str, Any] = {"ts": pc.take(ts, parents), "node": pc.take(node, parents), "job": pc.take(job, parents)}
-    n = len(flat)
-    for f in _GPU_LAKE:
-        if f.name in cols:
-            continue
-        wire_name = "index" if f.name == "gpu" else f.name
-        i = wire_fields.get(wire_name)
-        if i is None:  # absent from every message (a sparse counter at zero): its default
-            cols[f.name] = _constant(wire_name, f.type, n)
-            continue
-        col = _conform(flat.field(i), f.type)
-        if col is None:
-            return None
-        if col.null_count:
-            if explicit_nulls or wire_name not in _GPU_DEFAULTS:
-                return None
-            col = pc.fill_null(col, pa.scalar(_GPU_DEFAULTS[wire_name], f.type))
-        cols[f.name] = col
-    return pa.table([cols[name] for name in _GPU_LAKE.names], schema=_GPU_LAKE)
-
-
-def _dead_letter(kind_topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, err: SchemaError) -> schema.DeadLetter:
-    raw = value or b""
-    kept = raw[:DEADLETTER_PAYLOAD_MAX]
-    return schema.DeadLetter(
-        ts=time.time(),
-        topic=kind_topic,
-        partition=partition,
-        offset=offset,
-        reason=err.reason,
-        detail=(err.detail + (f" (payload truncated to {len(kept)} bytes)" if len(kept) < len(raw) else ""))[:2000],
-        key=key.decode("utf-8", "backslashreplace") if key else None,
-        payload=kept.decode("utf-8", "backslashreplace"),
-        size=len(raw),
-    )
-
-
-def decode_one(kind: str, value: bytes | None) -> list[dict[str, Any]]:
-    """One message -> its lake rows; raises SchemaError with the dead-letter reason."""
-    if not value:
-        raise SchemaError("empty_message", kind=kind)
-    return schema.lake_row(schema.decode(kind, value))
-
-
-@dataclass
-class Decoded:
-    """What one topic-partition batch of messages became."""
-
-    tables: dict[str, pa.Table] = field(default_factory=dict)  # lake table -> rows
-    dead: list[schema.DeadLetter] = field(default_factory=list)
-
-
-def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) -> Decoded:
-    """Consumer records (``.offset .key .value``) of one topic partition -> lake tables + dead letters."""
-    out = Decoded()
-    good = records
-    if kind == "gpu":
-        limit = schema.MAX_MESSAGE_BYTES
-        if any(r.value is None or len(r.value) > limit for r in records):
-            good = [r for r in records if r.value is not None and len(r.value) <= limit]
-            for r in records:
-                if r.value is None or len(r.value) > limit:
-                    try:
-                        decode_one(kind, r.value)
-                    except SchemaError as err:
-                        out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
-        table = decode_gpu_batch([r.value for r in good])
-        if table is not None:
-            out.tables["gpu"] = table
-            return out
-    decoded: list[tuple[Any, list[dict[str, Any]]]] = []
-    for r in good:
-        try:
-            decoded.append((r, decode_one(kind, r.value)))
-        except SchemaError as err:
-            out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
-        except (ValueError, TypeError) as exc:  # anything the schema module did not foresee
-            out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, SchemaError("undecodable", kind=kind, detail=repr(exc))))
-    rows = [row for _, rs in decoded for row in rs]
-    if rows:
-        lake_schema = schema.lake_schema(kind)
-        try:
-            out.tables[table_name(kind)] = pa.Table.from_pylist(rows, schema=lake_schema)
-        except _ARROW_ERRORS:
-            # A value the record accepts but the lake column cannot hold (an integer
-            # beyond 64 bits): find the message, dead-letter it, keep the others.
-            kept: list[dict[str, Any]] = []
-            for r, rs in decoded:
-                try:
-                    pa.Table.from_pylist(rs, schema=lake_schema)
-                    kept.extend(rs)
-                except _ARROW_ERRORS as exc:
-                    err = SchemaError("bad_type", kind=kind, detail=f"does not fit the lake column: {exc}")
-                    out.dead.append(_dead_letter(topic, partition, r.offset, r.key, r.value, err))
-            if kept:
-                out.tables[table_name(kind)] = pa.Table.from_pylist(kept, schema=lake_schema)
-    return out
+# One decoder (stream/decode.py); stream/decode_arrow.py lays its records out as Arrow.
+decode_batch = decode_arrow.decode_batch
+Decoded = decode_arrow.Decoded
 
 
 # --------------------------------------------------------------------------- stats
@@ -307,11 +93,14 @@ class ProcessorStats:
         self.messages: Counter[str] = Counter()  # kind -> messages consumed
         self.rows: Counter[str] = Counter()  # lake table -> rows committed
         self.dead_letters: Counter[str] = Counter()  # reason -> messages
+        self.quarantined: Counter[tuple[str, str, str]] = Counter()  # (kind, field, reason) -> fields nulled
+        self.unknown_fields: Counter[tuple[str, str]] = Counter()  # (kind, key) -> messages with it
         self.lag: dict[tuple[str, int], int] = {}
         self.commits = 0
         self.orphans_deleted = 0
         self.started = time.monotonic()
         self.assigned_at: float | None = None  # monotonic time of the first partition assignment
+        self.first_message_at: float | None = None  # monotonic time the first message was polled
         self.last_commit_at: float | None = None
         self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
         # Prometheus: the shared families of faultlens.metrics.ServiceMetrics (the names the
@@ -338,6 +127,18 @@ class ProcessorStats:
             for r, n in dead.items():
                 self._prom.dead_letters.labels(topic="*", reason=r).inc(n)
 
+    def decoded(self, kind: str, quarantine: list[schema.Quarantine], unknown: dict[str, int]) -> None:
+        """Fields the decoder nulled (by kind, field, reason) and unknown keys it ignored, as committed."""
+        for q in quarantine:
+            self.quarantined[(kind, q.field, q.reason)] += 1
+        for key, n in unknown.items():
+            self.unknown_fields[(kind, key)] += n
+        if self._prom:
+            for q in quarantine:
+                self._prom.fields_quarantined.labels(topic=kind, field=q.field, reason=q.reason).inc()
+            for key, n in unknown.items():
+                self._prom.unknown_fields.labels(topic=kind, field=key).inc(n)
+
     def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
         self.lag = lag
         if self._prom:
@@ -353,6 +154,7 @@ class ProcessorStats:
             "messages": dict(self.messages),
             "rows": dict(self.rows),
             "dead_letters": dict(self.dead_letters),
+            "quarantined": sum(self.quarantined.values()),
             "lag": self.total_lag,
             "commits": self.commits,
             "orphans_deleted": self.orphans_deleted,
@@ -437,8 +239,12 @@ class StreamProcessor:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
         self._stop = threading.Event()
-        threads = decode_threads or max(1, min(2, os.cpu_count() or 1))
-        self._decoder = ThreadPoolExecutor(threads, thread_name_prefix="faultlens-decode")
+        # Decoding is msgspec + numpy, mostly holding the GIL: on the poll thread by default
+        # (decode_threads=0). Worker threads only add GIL hand-offs (each numpy/Arrow call
+        # that releases the GIL waits up to a switch interval to get it back while
+        # kafka-python's IO thread runs); they pay where cores are many and messages JSON.
+        self._decode_threads = 0 if decode_threads is None else decode_threads
+        self._decoder = ThreadPoolExecutor(max(1, self._decode_threads), thread_name_prefix="faultlens-decode")
         self._decoding: deque[tuple[Future[Decoded], int]] = deque()  # submitted, maybe not done
         self._decoding_messages = 0
         # One thread: commits happen in the order of their flushes.
@@ -561,13 +367,22 @@ class StreamProcessor:
         self._next_offset[key] = records[-1].offset + 1
         kind = topics.kind_of(topic, self.bus.topic_prefix)
         self.stats.consumed(kind, len(records))
+        if self.stats.first_message_at is None:
+            self.stats.first_message_at = time.monotonic()
         p = self._pending.get((topic, partition))
         if p is None:
             p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
         p.last = records[-1].offset
         # Decoding runs on worker threads: Arrow releases the GIL, so it overlaps
         # kafka-python's record parsing in this thread.
-        fut = self._decoder.submit(decode_batch, kind, topic, partition, records)
+        if self._decode_threads:
+            fut = self._decoder.submit(decode_batch, kind, topic, partition, records)
+        else:
+            fut = Future()
+            try:
+                fut.set_result(decode_batch(kind, topic, partition, records))
+            except Exception as exc:  # noqa: BLE001 - surfaces at the commit, as a worker's would
+                fut.set_exception(exc)
         p.decoding.append(fut)
         p.messages += len(records)
         self._pending_rows += len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
@@ -622,15 +437,20 @@ class StreamProcessor:
         manifest: list[dict[str, Any]] = []
         rows: Counter[str] = Counter()
         dead: Counter[str] = Counter()
+        decoded_reports: list[tuple[str, list[schema.Quarantine], Counter[str]]] = []
         for (topic, partition), p in pending.items():
             stem = f"{p.kind}-p{partition}-o{p.first}-{p.last}-{commit_id}"
             parts: dict[str, list[pa.Table]] = {}
             dead_letters: list[schema.DeadLetter] = []
+            quarantine: list[schema.Quarantine] = []
+            unknown: Counter[str] = Counter()
             for fut in p.decoding:
                 decoded = fut.result()
                 for t, table in decoded.tables.items():
                     parts.setdefault(t, []).append(table)
                 dead_letters.extend(decoded.dead)
+                quarantine.extend(decoded.quarantine)
+                unknown.update(decoded.unknown)
             p.decoding.clear()  # let the decoded batches go once they are concatenated
             tables = {t: pa.concat_tables(ps) if len(ps) > 1 else ps[0] for t, ps in parts.items()}
             del parts
@@ -640,6 +460,11 @@ class StreamProcessor:
                     [row for d in dead_letters for row in schema.lake_row(d)], schema=schema.lake_schema("deadletter")
                 )
                 dead.update(d.reason for d in dead_letters)
+            if quarantine:
+                tables["quarantine"] = pa.Table.from_pylist(
+                    [row for q in quarantine for row in schema.lake_row(q)], schema=schema.lake_schema("quarantine")
+                )
+            decoded_reports.append((p.kind, quarantine, unknown))
             if self.rollups and "gpu" in tables and tables["gpu"].num_rows:
                 tables["gpu_1m"] = catalog_mod.gpu_rollup_partial(tables["gpu"])
             if self.rollups and "steps" in tables and tables["steps"].num_rows:
@@ -660,6 +485,9 @@ class StreamProcessor:
                 log.warning("dead letters not confirmed by the bus (kept in the lake): %s", exc)
         self.catalog.commit(commit_id, manifest)
         self.stats.committed(dict(rows), dead)
+        for kind, quarantine, unknown in decoded_reports:
+            if quarantine or unknown:
+                self.stats.decoded(kind, quarantine, dict(unknown))
 
     # -- rebalancing
 
@@ -745,4 +573,4 @@ def lake_row_counts(lake_path: str | Path) -> dict[str, int]:
         db.close()
 
 
-__all__ = ["StreamProcessor", "ProcessorStats", "decode_batch", "decode_gpu_batch", "CONSUMED_KINDS", "lake_row_counts"]
+__all__ = ["StreamProcessor", "ProcessorStats", "decode_batch", "CONSUMED_KINDS", "lake_row_counts"]

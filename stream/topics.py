@@ -21,7 +21,14 @@ NAMES = (
     "action-status",
     "commands",
     "deadletter",
+    "diag-repartition",
+    "diag-changelog",
 )
+# Internal topics of the online diagnosis (diagnosis.repartition, diagnosis.state): telemetry
+# re-keyed by job, and the per-job state checkpoints. Both have REPARTITION_PARTITIONS
+# partitions: a job's state lives in the changelog partition of its input partition.
+INTERNAL = ("diag-repartition", "diag-changelog")
+REPARTITION_PARTITIONS = 16
 TELEMETRY = ("gpu", "kernel", "nccl", "steps", "stacks", "jobs")
 # What the key of each kind's messages is.
 KEY_FIELD = {
@@ -36,9 +43,14 @@ KEY_FIELD = {
     "action-status": "job",
     "commands": "job",
     "deadletter": "topic",
+    "diag-repartition": "job",
+    "diag-changelog": "job",
 }
 # Partitions created for each topic by `ensure_topics` (a real cluster may differ).
-DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4}
+DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4,
+                      "diag-repartition": REPARTITION_PARTITIONS, "diag-changelog": REPARTITION_PARTITIONS}
+# Topic settings asked for at creation (a broker that ignores them, like Tansu, still works).
+TOPIC_CONFIGS = {"diag-changelog": {"cleanup.policy": "compact"}}
 
 
 def topic(name: str, prefix: str = DEFAULT_PREFIX) -> str:

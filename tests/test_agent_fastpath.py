@@ -8,11 +8,11 @@ the same record (or be ordinary in both), with the same fields and timestamp.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from faultlens.collectors.kernel import KernelParser
@@ -81,7 +81,7 @@ def _stream(source: str, seed: int, n: int = 3000) -> list[str]:
 
 
 def _label(rec, table) -> object:
-    d = dataclasses.asdict(rec)
+    d = msgspec.structs.asdict(rec)
     if is_ordinary(rec):
         assert rec.kind in table.ordinary_kinds and not BAD_INPUT_RE.search(rec.raw)
         return "ordinary"

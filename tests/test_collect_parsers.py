@@ -5,11 +5,11 @@ Regenerate the goldens after an intended change: FAULTLENS_REGEN=1 pytest tests/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 
@@ -28,7 +28,7 @@ CASES = [("kernel", "real"), ("kernel", "project"), ("kernel", "families"), ("ke
 def _parse(source: str, path) -> list[dict]:
     parser = KernelParser("node-a", year=2024, gpu_map={"00000000:3B:00.0": 2}) if source == "kernel" else NcclParser("node-a", year=2024)
     with open(path, encoding="utf-8") as f:
-        return [dataclasses.asdict(r) for r in parser.parse(f)]
+        return [msgspec.to_builtins(r) for r in parser.parse(f)]
 
 
 @pytest.mark.parametrize(("source", "scenario"), CASES)

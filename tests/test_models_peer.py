@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from faultlens.models.peer import PeerDetector, PeerParams, robust_z
+from faultlens.stream import schema
 from tests import stepgen
 
 T0 = 1_700_000_010.0  # not on a window boundary: windows are wall-clock aligned
@@ -52,12 +53,11 @@ def test_robust_z_has_a_floor_for_identical_peers() -> None:
 
 
 def test_a_machine_whose_gpus_are_all_lost_is_left_out_of_the_comparison() -> None:
-    import dataclasses
 
     samples = []
     for s in stepgen.gpu_samples(seconds=400, seed=2, t0=T0):
         if s.node == "n003" and s.ts >= T0 + 100:
-            s = dataclasses.replace(s, gpus=[dataclasses.replace(g, lost=True) for g in s.gpus])
+            s = schema.replace(s, gpus=[schema.replace(g, lost=True) for g in s.gpus])
         samples.append(s)
     det = PeerDetector()
     assert _run(det, samples) == []

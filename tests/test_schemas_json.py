@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 
+import msgspec
 import pytest
 
 from faultlens.diagnosis.event_schemas import EventValidator, load_schema
@@ -147,9 +147,8 @@ def test_broken_actions_fail(actions, type_, path, value) -> None:
 @pytest.mark.parametrize("kind, cls", [("incidents", schema.Incident), ("actions", schema.Action)])
 def test_the_schemas_describe_every_record_field(kind, cls) -> None:
     data = load_schema(kind)["$defs"]["data"]
-    assert set(data["properties"]) == {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    assert set(data["properties"]) == set(schema.field_names(cls))
+    required = {name for name, default in schema.field_defaults(cls).items() if default is msgspec.NODEFAULT}
     assert required <= set(data["required"])
 
 

@@ -1,4 +1,4 @@
-"""The lake writer, the DuckDB views, the Arrow GPU decoder and compaction (no broker)."""
+"""The lake writer, the DuckDB views, the batch decoder to Arrow and compaction (no broker)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet  # noqa: F401 - pa.parquet below
 
 from faultlens.errors import SchemaError
-from faultlens.stream import schema
+from faultlens.stream import decode, decode_arrow, schema
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.compaction import compact_lake, recover
 from faultlens.stream.lake import LakeWriter
-from faultlens.stream.processor import decode_batch, decode_gpu_batch
+from faultlens.stream.processor import decode_batch
 
 T0 = 1_760_000_000.0  # 2025-10-09 08:53:20 UTC
 
@@ -73,12 +73,13 @@ def test_gpu_rollup_partials_merge_exactly_across_commits(tmp_path) -> None:
 
 def test_arrow_gpu_decoder_matches_the_schema_module() -> None:
     recs = [_gpu(T0 + i, f"n{i}", [50.0 + i, 51.0]) for i in range(20)]
-    table = decode_gpu_batch([schema.encode(r) for r in recs])
     expected = pa.Table.from_pylist([row for r in recs for row in schema.lake_row(r)], schema=schema.lake_schema("gpu"))
-    assert table.equals(expected)
-    # Missing optional GPU fields take the dataclass defaults, as lake_row does.
+    for encode in (schema.encode, decode.encode_wire):  # JSON, and the agent's MessagePack
+        table = decode_arrow._fast_gpu(_recs([encode(r) for r in recs]))
+        assert table.equals(expected), encode
+    # Missing optional GPU fields take the defaults, as lake_row does.
     minimal = b'{"v":1,"ts":5.0,"node":"n9","gpus":[{"index":3}]}'
-    assert decode_gpu_batch([minimal]).to_pylist() == schema.lake_row(schema.decode("gpu", minimal))
+    assert decode_arrow._fast_gpu(_recs([minimal])).to_pylist() == schema.lake_row(schema.decode("gpu", minimal))
 
 
 def test_one_bad_message_does_not_lose_its_batch() -> None:
@@ -124,50 +125,62 @@ def test_compaction_keeps_every_row_and_recovers_after_a_crash(tmp_path) -> None
     assert open_lake(tmp_path).execute("SELECT count(DISTINCT raw), count(*) FROM kernel").fetchone() == (10, 10)
 
 
-def test_the_batch_decoder_accepts_only_what_the_schema_accepts() -> None:
+def _recs(values: list[bytes]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(offset=i, key=None, value=v, headers=[]) for i, v in enumerate(values)]
+
+
+def test_a_bad_field_nulls_that_field_and_a_bad_identity_is_a_dead_letter() -> None:
     good = schema.encode(_gpu(T0, "n1", [60.0]))
-    # Arrow's JSON reader would take each of these; schema.decode refuses them.
-    lenient = {
-        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":null}]}': "null_field",
-        b'{"v":1,"ts":NaN,"node":"n","gpus":[{"index":0}]}': "malformed_json",
-        b'{"v":1,"ts":1,"node":"n\xff","gpus":[{"index":0}]}': "malformed_json",
-        b'{"v":1,"ts":1,"node":"n","gpus":null}': "null_field",
+    cases = {  # message -> (gpu rows it gives, dead-letter reason, quarantined fields)
+        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":null}]}': (1, None, []),
+        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":"N/A","lost":"Yes"}]}': (1, None, ["gpus.util"]),
+        b'{"v":1,"ts":NaN,"node":"n","gpus":[{"index":0}]}': (0, "bad_type", []),
+        b'{"v":1,"ts":1,"node":"n\xff","gpus":[{"index":0}]}': (0, "malformed_json", []),
+        b'{"v":1,"ts":1,"node":"n","gpus":null}': (0, None, ["gpus"]),
+        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":"x"},{"index":1}]}': (1, None, ["gpus.index"]),
+        b"\x00\x01 not json at all": (0, "malformed_json", []),
     }
-    for bad, reason in lenient.items():
-        assert decode_gpu_batch([good, bad]) is None, bad
-        out = decode_batch("gpu", "t.gpu", 0, [SimpleNamespace(offset=i, key=None, value=v) for i, v in enumerate([good, bad])])
-        assert out.tables["gpu"].num_rows == 1 and [(d.offset, d.reason) for d in out.dead] == [(1, reason)]
-    # Missing GPU fields (no null in the text) still take the defaults in the batch path.
-    assert decode_gpu_batch([good, b'{"v":1,"ts":2,"node":"n","gpus":[{"index":1}]}']).num_rows == 2
+    for bad, (rows, reason, fields) in cases.items():
+        if reason or fields:  # the whole-batch path leaves such a batch to the one-by-one path
+            assert decode_arrow._fast_gpu(_recs([good, bad])) is None, bad
+        out = decode_batch("gpu", "t.gpu", 0, _recs([good, bad]))
+        assert out.tables["gpu"].num_rows == 1 + rows, bad
+        assert [(d.offset, d.reason) for d in out.dead] == ([(1, reason)] if reason else []), bad
+        assert [q.field for q in out.quarantine] == fields, bad
+        assert all(q.offset == 1 and q.payload == bad.decode() for q in out.quarantine)
+    # Missing GPU fields take the defaults in the batch path.
+    assert decode_arrow._fast_gpu(_recs([good, b'{"v":1,"ts":2,"node":"n","gpus":[{"index":1}]}'])).num_rows == 2
 
 
-def test_a_value_the_lake_column_cannot_hold_is_a_dead_letter_not_a_crash() -> None:
+def test_a_value_beyond_the_lake_column_is_nulled_not_the_whole_sample() -> None:
     good = schema.encode(_gpu(T0, "n1", [60.0]))
     huge = b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"ecc_sbe":99999999999999999999}]}'
-    out = decode_batch("gpu", "t.gpu", 0, [SimpleNamespace(offset=i, key=None, value=v) for i, v in enumerate([good, huge, good])])
-    assert out.tables["gpu"].num_rows == 2
-    assert [(d.offset, d.reason) for d in out.dead] == [(1, "bad_type")]
+    out = decode_batch("gpu", "t.gpu", 0, _recs([good, huge, good]))
+    assert out.tables["gpu"].num_rows == 3 and not out.dead
+    assert out.tables["gpu"].column("ecc_sbe").to_pylist() == [0, None, 0]
+    assert [(q.offset, q.field, q.reason) for q in out.quarantine] == [(1, "gpus.ecc_sbe", "out_of_range")]
 
 
-def test_gpu_counters_at_zero_stay_off_the_wire_and_decode_back() -> None:
+def test_gpu_fields_at_their_default_stay_off_the_wire_and_decode_back() -> None:
     healthy = _gpu(T0, "n1", [60.0, 61.0])
     sick = schema.GpuSample(ts=T0, node="n2", gpus=[schema.GpuState(index=0, util=0.0, ecc_dbe=2, remap_pending=True)])
     wire = orjson.loads(schema.encode(healthy))
     assert not set(wire["gpus"][0]) & schema.GPU_SPARSE_FIELDS
-    assert "util" in wire["gpus"][0]  # gauges are always sent, zero or not
-    assert {"ecc_dbe", "remap_pending", "util"} <= set(orjson.loads(schema.encode(sick))["gpus"][0])
+    assert {"ecc_dbe", "remap_pending"} <= set(orjson.loads(schema.encode(sick))["gpus"][0])
     for rec in (healthy, sick):
         assert schema.decode("gpu", schema.encode(rec)) == rec
-    assert decode_gpu_batch([schema.encode(healthy), schema.encode(sick)]).to_pylist() == [
-        row for rec in (healthy, sick) for row in schema.lake_row(rec)
-    ]
+        assert schema.decode("gpu", decode.encode_wire(rec)) == rec
+    expected = [row for rec in (healthy, sick) for row in schema.lake_row(rec)]
+    assert decode_arrow._fast_gpu(_recs([schema.encode(healthy), schema.encode(sick)])).to_pylist() == expected
+    packed = decode_arrow._fast_gpu(_recs([decode.encode_wire(healthy), decode.encode_wire(sick)]))
+    assert sorted(packed.to_pylist(), key=str) == sorted(expected, key=str)  # grouped by column layout
 
 
-def test_the_batch_decoder_agrees_with_the_schema_module_on_mutated_messages() -> None:
-    """Swap one value for another JSON type; the batch path must refuse or give the same rows."""
+def test_the_batch_decoder_agrees_with_the_one_by_one_decoder_on_mutated_messages() -> None:
+    """Swap one value for another JSON type; the whole-batch path must refuse or give the same rows."""
     rng = random.Random(11)
     base = orjson.loads(schema.encode(_gpu(T0, "n1", [60.0, 70.0])))
-    replacements = [None, 1, 1.0, 1.5, -3, 2**70, True, "x", "12", "2026-11-21", [], [1], {}, {"a": 1}]
+    replacements = [None, 1, 1.0, 1.5, -3, 2**70, True, "x", "12", "N/A", "2026-11-21", [], [1], {}, {"a": 1}]
     checked = 0
     for _ in range(400):
         msg = orjson.loads(orjson.dumps(base))
@@ -182,7 +195,10 @@ def test_the_batch_decoder_agrees_with_the_schema_module_on_mutated_messages() -
             expected = schema.lake_row(schema.decode("gpu", bad))
         except SchemaError:
             expected = None
-        got = decode_gpu_batch([schema.encode(_gpu(T0, "n0", [50.0])), bad])
+        one_by_one = decode_batch("gpu", "t.gpu", 0, _recs([bad]))
+        if expected is not None:
+            assert one_by_one.tables["gpu"].to_pylist() == pa.Table.from_pylist(expected, schema=schema.lake_schema("gpu")).to_pylist()
+        got = decode_arrow._fast_gpu(_recs([schema.encode(_gpu(T0, "n0", [50.0])), bad]))
         if got is not None:
             checked += 1
             assert expected is not None, bad

@@ -189,3 +189,45 @@ def _wait_rows(lake: Path, want: dict[str, int], timeout_s: float = 60) -> None:
                 return
         time.sleep(0.3)
     pytest.fail(f"lake rows {got} never reached {want}")
+
+
+def test_a_bad_field_is_quarantined_and_a_non_json_message_dead_lettered_while_ingest_goes_on(bus, tmp_path) -> None:
+    """The done-when of the one decoder, through the broker: remap_pending 1 and temp_c "N/A"
+    land as a row with the flag true and the temperature null, counted once; bytes that are
+    not JSON go to the dead-letter topic; the agent's MessagePack lands beside JSON."""
+    from prometheus_client import CollectorRegistry
+
+    from faultlens.stream import decode
+
+    ensure_topics(bus)
+    line = b'{"v":1,"ts":1760000100.0,"node":"n1","job":"j1","gpus":[{"index":0,"remap_pending":1,"temp_c":"N/A"}]}'
+    packed = schema.GpuSample(ts=T0 + 200, node="n2", job="j1", gpus=[schema.GpuState(index=g, temp_c=50.0) for g in range(4)])
+    with Producer(bus) as p:
+        p.send_raw("gpu", "n1", line)
+        p.send_raw("gpu", "n1", b"\x00\x01\x02 NVSMI LOG: not json")
+        p.send_raw("gpu", "n2", decode.encode_wire(packed))
+        p.flush()
+    produce(bus, mixed_records(20))  # good messages after the bad one still land
+
+    registry = CollectorRegistry()
+    proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, registry=registry)
+    stats = proc.run(exit_when_idle_s=2.0, max_runtime_s=60)
+
+    db = open_lake(tmp_path / "lake")
+    assert db.execute("SELECT remap_pending, temp_c FROM gpu WHERE node = 'n1' AND ts = 1760000100.0").fetchall() == [(True, None)]
+    assert db.execute("SELECT count(*), min(temp_c) FROM gpu WHERE node = 'n2' AND ts = ?", [T0 + 200]).fetchone() == (4, 50.0)
+    assert db.execute("SELECT count(*) FROM gpu").fetchone()[0] == 1 + 4 + expected_rows(mixed_records(20))["gpu"]
+    q = db.execute("SELECT topic, field, reason, value, node, payload FROM quarantine").fetchall()
+    assert q == [("gpu", "gpus.temp_c", "not_available", '"N/A"', "n1", line.decode())]
+    assert stats.quarantined == {("gpu", "gpus.temp_c", "not_available"): 1}
+    labels = {"topic": "gpu", "field": "gpus.temp_c", "reason": "not_available"}
+    assert registry.get_sample_value("faultlens_fields_quarantined_total", labels) == 1.0
+    assert stats.dead_letters == {"malformed_json": 1}
+    dl = Consumer(bus, ["deadletter"], group_id=None)
+    got_dl, deadline = [], time.monotonic() + 20
+    while not got_dl and time.monotonic() < deadline:
+        got_dl += dl.poll(300)
+    dl.close()
+    dead = [schema.decode("deadletter", m.value) for m in got_dl]
+    assert [(d.reason, d.topic) for d in dead] == [("malformed_json", f"{bus.topic_prefix}.gpu")]
+    assert "NVSMI LOG" in dead[0].payload

@@ -12,7 +12,6 @@ would add (LAKE/<table>/date=YYYY-MM-DD/hour=HH/*.parquet).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import random
 from collections import defaultdict
@@ -23,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from faultlens.stream import schema
 from faultlens.stream.catalog import gpu_rollup_partial, steps_rollup_partial
 from faultlens.stream.lake import LakeWriter
 from faultlens.stream.schema import (
@@ -200,7 +200,7 @@ def build_lake(lake: Path, *, gpu_interval_s: float = 10.0, seed: int = 7) -> Sc
         severity="critical", confidence=0.97, suspects=suspects, evidence=evidence[:2], actions=[ACTION_ID],
         summary=f"Xid 79 on {CULPRIT} GPU {CULPRIT_GPU}: the GPU fell off the bus; evict {CULPRIT}.",
     )
-    updated = dataclasses.replace(
+    updated = schema.replace(
         opened, updated_ts=FAULT_TS + 610, evidence=evidence,
         muted=[{"item": "nccl watchdog timeouts on 4 ranks", "by_rule": "xid79_mutes_watchdog"}])
     records += [

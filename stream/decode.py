@@ -1,0 +1,563 @@
+"""The one decoder: bytes or parsed objects -> typed records (stream/schema.py).
+
+Every path that reads structured records uses this module: the stream
+processor (stream/decode_arrow.py builds its Arrow batches from these
+records), online diagnosis and the runner (``schema.decode``), the batch
+reader (``from_obj``) and the agent's own steps lines.
+
+Tolerant by field, strict by identity (DESIGN.md):
+
+* A value is read through one coercion table (stream/coercion.toml): NVML's
+  0/1 and nvidia-smi's ``Yes``/``No`` for booleans, numeric strings (with the
+  field's unit: ``"72 C"``, ``"412.35 W"``), hex strings for bit masks,
+  integral floats for counters. ``N/A``, ``[Not Supported]``, NaN, Infinity
+  and any value a field cannot hold make that field null (or its default where
+  the field has no null), and each is reported as a ``FieldIssue`` (the
+  processor counts them per topic and field and writes them to the lake's
+  ``quarantine`` table). Unknown extra keys are ignored and reported too.
+* Only a record whose identity is unusable is refused (``SchemaError``, then a
+  dead letter): a required field (declared without a default: node, ts, kind,
+  a GPU's index...) missing or unreadable, a non-finite time, an unreadable
+  version, a payload that is no JSON or MessagePack object. A GPU entry without
+  a usable index is dropped alone; its sample's other GPUs stay.
+
+Speed: a message whose values already have the declared types (what
+faultlens's own agent sends) is decoded in one typed msgspec call, in C; only a
+message that fails that goes through the per-field table, which gives the
+same record for every value the typed call accepts.
+
+Wire formats: JSON (any producer) and, for gpu and steps, the agent's
+MessagePack marked by a ``content-type: application/msgpack`` Kafka header
+(``encode_wire``). A message without the header whose first byte is a
+MessagePack map marker is read as MessagePack too: JSON text never starts so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import sys
+import tomllib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from faultlens.errors import SchemaError
+from faultlens.stream import schema
+from faultlens.stream.schema import GpuSample, GpuState
+
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
+CONTENT_TYPE_HEADER = "content-type"
+# Kinds faultlens's agent sends as MessagePack (high volume); any other kind is JSON.
+MSGPACK_KINDS = frozenset({"gpu", "steps"})
+ISSUE_VALUE_MAX = 200  # characters of a bad value kept in a FieldIssue
+
+_TABLE = tomllib.loads((Path(__file__).with_name("coercion.toml")).read_text())
+TRUE_WORDS = frozenset(_TABLE["booleans"]["true"])
+FALSE_WORDS = frozenset(_TABLE["booleans"]["false"])
+NULL_WORDS: dict[str, str] = dict(_TABLE["nulls"])
+UNITS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in _TABLE["units"].items()}
+_NUMBER_UNIT = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)$")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldIssue:
+    """One field the decoder could not read as declared (nulled), or an unknown key."""
+
+    field: str  # "gpus.temp_c", "duration_s", ...
+    reason: str  # not_available, not_supported, nan, infinity, bad_type, bad_unit, out_of_range, unknown_field ...
+    value: str  # the value as JSON text, truncated
+
+
+UNKNOWN_FIELD = "unknown_field"
+
+
+class _Bad(Exception):
+    """A value a field cannot hold: the field becomes null, with this reason."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    try:
+        out = msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError, ValueError):
+        out = repr(value)
+    return out[:ISSUE_VALUE_MAX]
+
+
+# --------------------------------------------------------------------------- the coercion table
+
+
+def _word(value: str) -> str:
+    return value.strip().lower()
+
+
+def _number(value: str, name: str) -> float:
+    """A numeric string, with the field's unit if it carries one ("412.35 W")."""
+    w = _word(value)
+    if w in NULL_WORDS:
+        raise _Bad(NULL_WORDS[w])
+    m = _NUMBER_UNIT.match(value.strip())
+    if m is None:
+        raise _Bad("bad_type")
+    unit = m.group(2).lower()
+    if unit and unit not in UNITS.get(name, ()):
+        raise _Bad("bad_unit")
+    return float(m.group(1)) if any(c in m.group(1) for c in ".eE") else int(m.group(1))
+
+
+def to_float(value: Any, name: str) -> float:
+    """A float field's value per the table; raises _Bad(reason)."""
+    if isinstance(value, bool):
+        raise _Bad("bad_type")
+    if isinstance(value, str):
+        value = _number(value, name)
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise _Bad("nan")
+        if math.isinf(value):
+            raise _Bad("infinity")
+        return value
+    raise _Bad("bad_type")
+
+
+def to_int(value: Any, name: str) -> int:
+    """An integer field's value per the table (integral floats, hex masks); raises _Bad(reason)."""
+    if isinstance(value, bool):
+        raise _Bad("bad_type")
+    if isinstance(value, str):
+        w = _word(value)
+        if w.startswith(("0x", "-0x")):
+            try:
+                value = int(w, 16)
+            except ValueError:
+                raise _Bad("bad_type") from None
+        else:
+            value = _number(value, name)
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise _Bad("nan")
+        if math.isinf(value):
+            raise _Bad("infinity")
+        if not value.is_integer():
+            raise _Bad("not_integral")
+        value = int(value)
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise _Bad("out_of_range")
+        return value
+    raise _Bad("bad_type")
+
+
+def to_bool(value: Any, name: str) -> bool:
+    """A boolean field's value per the table (0/1, "Yes"/"No", "Enabled"...); raises _Bad(reason)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value != 0  # NVML's flags are unsigned ints: nonzero is set
+    if isinstance(value, float):
+        if value in (0.0, 1.0):
+            return value == 1.0
+        raise _Bad("nan" if math.isnan(value) else "bad_type")
+    if isinstance(value, str):
+        w = _word(value)
+        if w in TRUE_WORDS:
+            return True
+        if w in FALSE_WORDS:
+            return False
+        if w in NULL_WORDS:
+            raise _Bad(NULL_WORDS[w])
+    raise _Bad("bad_type")
+
+
+def to_str(value: Any, name: str) -> str:
+    """A string field: strings as they are, a number as its text (a node named 17)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return str(value)
+    raise _Bad("bad_type")
+
+
+def to_ts(value: Any, name: str) -> float:
+    """A time: unix seconds (number or numeric string) or an ISO-8601 string ("...Z")."""
+    if isinstance(value, str) and ("-" in value[1:] or "T" in value):
+        try:
+            t = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise _Bad("bad_type") from None
+        return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+    return to_float(value, name)
+
+
+def _to_list(value: Any, name: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    raise _Bad("bad_type")
+
+
+def _to_dict(value: Any, name: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    raise _Bad("bad_type")
+
+
+_LITTLE = array("d").itemsize == 8 and array("q").itemsize == 8 and sys.byteorder == "little"
+_COERCE = {float: to_float, int: to_int, bool: to_bool, str: to_str, list: _to_list, dict: _to_dict}
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    coerce: Any
+    optional: bool
+    required: bool
+    default: Any
+
+
+_PLANS: dict[type, tuple[_Field, ...]] = {}
+
+
+def _plan(cls: type) -> tuple[_Field, ...]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = schema._hints(cls)
+        defaults = schema.field_defaults(cls)
+        out = []
+        for name in schema.field_names(cls):
+            base, optional = schema._base_type(hints[name])
+            origin = getattr(base, "__origin__", None) or base
+            coerce = to_ts if name == "ts" else _COERCE.get(origin, _to_list)
+            default = defaults[name]
+            out.append(_Field(name, coerce, optional, default is msgspec.NODEFAULT, default))
+        plan = _PLANS[cls] = tuple(out)
+    return plan
+
+
+# --------------------------------------------------------------------------- objects -> records
+
+
+def _version(obj: dict[str, Any], kind: str) -> None:
+    """A readable version; none given is the current one (other producers do not write one)."""
+    if "v" not in obj:
+        return
+    v = obj["v"]
+    if type(v) is not int:
+        try:
+            v = to_int(v, "v")
+        except _Bad:
+            raise SchemaError("unknown_version", kind=kind, detail=f"v={_text(v)}") from None
+    if v not in schema.READABLE_VERSIONS:
+        raise SchemaError("unknown_version", kind=kind, detail=f"v={v!r}")
+
+
+def _tolerant(cls: type, kind: str, obj: dict[str, Any], issues: list[FieldIssue] | None, prefix: str = "") -> Any:
+    """Per-field decode through the table: bad fields null (or default), reported; identity strict."""
+    kwargs: dict[str, Any] = {}
+    plan = _plan(cls)
+    for f in plan:
+        if f.name not in obj:
+            if f.required:
+                raise SchemaError("missing_field", kind=kind, detail=prefix + f.name)
+            continue
+        value = obj[f.name]
+        if value is None:
+            if f.optional:
+                kwargs[f.name] = None
+                continue
+            if f.required:
+                raise SchemaError("null_field", kind=kind, detail=prefix + f.name)
+            if issues is not None:
+                issues.append(FieldIssue(prefix + f.name, "null", "null"))
+            continue  # the default
+        if cls is GpuSample and f.name == "gpus":
+            kwargs["gpus"] = _gpus(value, kind, issues)
+            continue
+        try:
+            kwargs[f.name] = f.coerce(value, f.name)
+            if f.required and f.name == "ts" and not math.isfinite(kwargs["ts"]):
+                raise _Bad("nan")
+        except _Bad as bad:
+            if f.required:
+                raise SchemaError("bad_type", kind=kind, detail=f"{prefix}{f.name}: {bad.reason}: {_text(value)}") from None
+            if issues is not None:
+                issues.append(FieldIssue(prefix + f.name, bad.reason, _text(value)))
+            if f.optional:
+                kwargs[f.name] = None
+    if issues is not None and len(obj) > len(kwargs):
+        known = _known(cls)
+        issues.extend(FieldIssue(prefix + str(k), UNKNOWN_FIELD, "") for k in obj if k not in known)
+    return cls(**kwargs)
+
+
+_KNOWN: dict[type, frozenset[str]] = {}
+
+
+def _known(cls: type) -> frozenset[str]:
+    k = _KNOWN.get(cls)
+    if k is None:
+        k = _KNOWN[cls] = frozenset(schema.field_names(cls))
+    return k
+
+
+def _gpus(value: Any, kind: str, issues: list[FieldIssue] | None) -> list[GpuState]:
+    """A sample's GPU entries; an entry without a usable index is dropped alone (reported)."""
+    if not isinstance(value, list):
+        if issues is not None:
+            issues.append(FieldIssue("gpus", "bad_type", _text(value)))
+        return []
+    out = []
+    for g in value:
+        if not isinstance(g, dict):
+            if issues is not None:
+                issues.append(FieldIssue("gpus", "bad_gpu_entry", _text(g)))
+            continue
+        try:
+            out.append(_tolerant(GpuState, kind, g, issues, "gpus."))
+        except SchemaError as exc:  # the entry's identity (its index) is unusable
+            if issues is not None:
+                issues.append(FieldIssue("gpus.index", "bad_gpu_entry", f"{exc.reason}: {exc.detail}"[:ISSUE_VALUE_MAX]))
+    return out
+
+
+def _check(record: Any, kind: str) -> Any:
+    """What the typed fast path cannot express: a readable version and a usable time."""
+    if record.v not in schema.READABLE_VERSIONS:
+        raise SchemaError("unknown_version", kind=kind, detail=f"v={record.v!r}")
+    ts = getattr(record, "ts", 0.0)
+    if ts - ts != 0.0:  # NaN or infinite (MessagePack can carry them)
+        raise SchemaError("bad_type", kind=kind, detail=f"ts: not finite: {ts!r}")
+    return record
+
+
+def _finite(record: Any) -> bool:
+    """No NaN/Infinity in a record's float fields (MessagePack carries them; JSON cannot)."""
+    for g in getattr(record, "gpus", ()):
+        for name in _FLOAT_GPU_FIELDS:
+            x = getattr(g, name)
+            if x is not None and x - x != 0.0:
+                return False
+    return all(x is None or not isinstance(x, float) or x - x == 0.0 for x in msgspec.structs.astuple(record))
+
+
+_FLOAT_GPU_FIELDS = tuple(f.name for f in _plan(GpuState) if f.coerce is to_float)
+
+
+def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any:
+    """A parsed JSON/MessagePack object -> the record of ``kind``; SchemaError when its identity is unusable.
+
+    ``issues`` collects the fields nulled and the unknown keys.
+    """
+    cls = schema.RECORDS.get(kind)
+    if cls is None:
+        raise SchemaError("unknown_kind", kind=kind)
+    if kind in ("incidents", "actions") and isinstance(obj, dict) and "specversion" in obj:
+        obj = obj.get("data")  # a CloudEvents envelope
+    if not isinstance(obj, dict):
+        raise SchemaError("not_an_object", kind=kind)
+    _version(obj, kind)
+    try:
+        record = msgspec.convert(obj, cls)
+        if _finite(record):  # a NaN/Infinity float (MessagePack, Python objects): the table nulls it
+            return _check(record, kind)
+    except msgspec.ValidationError:
+        pass  # a value of another type: the table decides, field by field
+    return _check(_tolerant(cls, kind, obj, issues), kind)
+
+
+# --------------------------------------------------------------------------- bytes -> records
+
+_JSON_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {}
+_MSGPACK_DECODERS: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+_ANY_MSGPACK = msgspec.msgpack.Decoder()
+
+
+def json_decoder(kind: str) -> msgspec.json.Decoder[Any]:
+    """The typed (strict) JSON decoder of one kind: the fast path."""
+    d = _JSON_DECODERS.get(kind)
+    if d is None:
+        d = _JSON_DECODERS[kind] = msgspec.json.Decoder(schema.RECORDS[kind])
+    return d
+
+
+def is_msgpack(payload: bytes | bytearray | memoryview | str, content_type: str | bytes | None = None) -> bool:
+    """MessagePack by its header, or by a first byte that is a MessagePack map marker (never JSON's)."""
+    if content_type is not None:
+        ct = content_type.decode("latin-1") if isinstance(content_type, (bytes, bytearray)) else content_type
+        if ct.startswith(MSGPACK_TYPE):
+            return True
+        if ct.startswith(JSON_TYPE):
+            return False
+    if isinstance(payload, str) or not payload:
+        return False
+    b = payload[0]
+    return 0x80 <= b <= 0x8F or b in (0xDE, 0xDF)
+
+
+def _parse_json(payload: bytes | str, kind: str) -> Any:
+    """Untyped JSON, accepting NaN/Infinity (Python's json writes them) as a last resort."""
+    try:
+        return msgspec.json.decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        first = exc
+    try:
+        text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+        return json.loads(text, parse_constant=lambda c: float(c.replace("Infinity", "inf")))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise SchemaError("malformed_json", kind=kind, detail=str(first)) from None
+
+
+def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None = None,
+           issues: list[FieldIssue] | None = None) -> Any:
+    """Bytes from the bus -> record; SchemaError(reason) when the record cannot be had."""
+    if not payload:
+        raise SchemaError("empty_message", kind=kind)
+    if len(payload) > schema.MAX_MESSAGE_BYTES:
+        raise SchemaError("oversized", kind=kind, detail=f"{len(payload)} bytes > {schema.MAX_MESSAGE_BYTES}")
+    if kind not in schema.RECORDS:
+        raise SchemaError("unknown_kind", kind=kind)
+    if is_msgpack(payload, content_type):
+        return _decode_msgpack(kind, payload, issues)
+    try:
+        record = json_decoder(kind).decode(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        pass
+    else:
+        return _check(record, kind)
+    return from_obj(kind, _parse_json(payload, kind), issues)
+
+
+def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | None) -> Any:
+    if isinstance(payload, str):
+        raise SchemaError("malformed_msgpack", kind=kind, detail="text is not MessagePack")
+    try:
+        obj = _ANY_MSGPACK.decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
+    if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
+        obj = columns_to_obj(obj, kind)
+    return from_obj(kind, obj, issues)
+
+
+# --------------------------------------------------------------------------- the agent's MessagePack
+
+# The gpu sample goes columnar, as a map:
+#   v, ts, node, job   as in JSON
+#   n                  the number of GPUs
+#   cols               the numeric columns present, comma-separated ("index,util,temp_c,...")
+#   data               those columns' values, column after column, n each, as little-endian
+#                      8-byte numbers: float64 for float fields, int64 for integer fields
+#                      and for flags (0/1)
+#   uuid, pci_bus      the n strings joined by newlines (left out when all empty); a
+#                      string holding a newline goes to nulls instead
+#   nulls              (only when a value is null) {field: [n values with nils]}
+# A numeric column whose values are all at the field's default (0) is left out: the
+# sparse wire. The stream processor reads the ``data`` of a whole batch as one matrix per
+# layout without making a Python object of any value (stream/decode_arrow.py).
+GPU_COLUMNS: tuple[tuple[str, str], ...] = tuple(
+    (f.name, {to_float: "d", to_int: "q", to_bool: "q", to_str: "s"}[f.coerce]) for f in _plan(GpuState)
+)
+GPU_NUMERIC = tuple(name for name, code in GPU_COLUMNS if code != "s")
+GPU_STRINGS = tuple(name for name, code in GPU_COLUMNS if code == "s")
+_GPU_DEFAULTS = schema.field_defaults(GpuState)
+_MSGPACK = msgspec.msgpack.Encoder()
+
+
+def _gpu_columns(sample: GpuSample) -> dict[str, Any]:
+    gpus = sample.gpus
+    out: dict[str, Any] = {"v": sample.v, "ts": sample.ts, "node": sample.node, "job": sample.job, "n": len(gpus)}
+    names: list[str] = []
+    data = bytearray()
+    nulls: dict[str, list[Any]] = {}
+    for name, code in GPU_COLUMNS:
+        vals = [getattr(g, name) for g in gpus]
+        default = _GPU_DEFAULTS.get(name)
+        if name != "index" and all(v == default and type(v) is type(default) for v in vals):
+            continue
+        if code == "s":
+            if all(type(v) is str and "\n" not in v for v in vals):
+                out[name] = "\n".join(vals)
+            else:
+                nulls[name] = vals
+            continue
+        if None in vals:
+            nulls[name] = vals
+            continue
+        try:
+            data += array(code, vals).tobytes()
+        except (OverflowError, TypeError):  # a value beyond the column's type: as it is, the reader decides
+            nulls[name] = vals
+            continue
+        names.append(name)
+    if not _LITTLE:
+        raise RuntimeError("the MessagePack gpu wire is little-endian; use JSON on this machine")
+    out["cols"] = ",".join(names)
+    out["data"] = bytes(data)
+    if nulls:
+        out["nulls"] = nulls
+    return out
+
+
+def encode_wire(record: Any) -> bytes:
+    """The bytes faultlens's agent sends: MessagePack for gpu and steps, JSON for the rest."""
+    kind = type(record).KIND
+    if kind == "gpu":
+        return _MSGPACK.encode(_gpu_columns(record))
+    if kind == "steps":
+        return _MSGPACK.encode(record)
+    return schema.encode(record)
+
+
+def content_type_of(value: bytes) -> str:
+    """The ``content-type`` header value of an encoded message."""
+    return MSGPACK_TYPE if is_msgpack(value) else JSON_TYPE
+
+
+def columns_to_obj(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A columnar gpu sample -> the JSON-shaped object (a bad column nulls its field, reported later)."""
+    n, cols, data = obj.get("n"), obj.get("cols", ""), obj.get("data", b"")
+    if type(n) is not int or n < 0 or not isinstance(cols, str) or not isinstance(data, bytes):
+        raise SchemaError("bad_gpu_entry", kind=kind, detail=f"columnar sample with n={_text(n)} cols={_text(cols)}")
+    names = [c for c in cols.split(",") if c]
+    if len(data) != 8 * n * len(names):
+        raise SchemaError("bad_gpu_entry", kind=kind, detail=f"data holds {len(data)} bytes, not 8 x {n} x {len(names)}")
+    gpus: list[dict[str, Any]] = [{} for _ in range(n)]
+    codes = dict(GPU_COLUMNS)
+    columns: dict[str, Any] = {}
+    for j, name in enumerate(names):
+        a = array("q" if codes.get(name) == "q" else "d")
+        a.frombytes(data[8 * n * j: 8 * n * (j + 1)])
+        columns[name] = a.tolist()
+    for name in GPU_STRINGS:
+        if name in obj:
+            columns[name] = obj[name].split("\n") if isinstance(obj[name], str) else obj[name]
+    nulls = obj.get("nulls")
+    if isinstance(nulls, dict):
+        columns.update(nulls)
+    for name, vals in columns.items():
+        if not isinstance(vals, list) or len(vals) != n:
+            vals = [vals] * n  # a column that is no array of n: each GPU's value fails the table
+        for g, x in zip(gpus, vals, strict=True):
+            g[name] = x
+    out = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
+    out["gpus"] = gpus
+    for k in obj:
+        if k not in _COLUMNAR_KEYS:
+            out[k] = obj[k]  # an unknown key: reported as such
+    return out
+
+
+_COLUMNAR_KEYS = frozenset({"v", "ts", "node", "job", "n", "cols", "data", "nulls", *GPU_STRINGS})

@@ -1,0 +1,55 @@
+"""The runner's ledger across a crash: an action killed mid-plan resumes at the step in flight,
+a finished one never runs again, and a torn last line (kill -9 mid-write) is not fatal."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from faultlens.config import Config, RunnerConfig
+from faultlens.diagnosis.runner import ActionRunner, Ledger
+from faultlens.errors import LakeError
+from faultlens.stream import schema
+from tests.runner_standins import env_with, recorded, write_standin
+
+DRAIN = "Reason=faultlens inc-7: Xid 79"
+
+
+def _value(id_: str = "act-9") -> bytes:
+    a = schema.Action(id=id_, incident_id="inc-7", job="12345", ts=time.time(), type="evict_nodes",
+                      nodes=["n001", "n002"], confidence=0.97, dry_run=False, reason="Xid 79",
+                      suspects=[{"node": "n001", "score": 0.97, "reason": "Xid 79"}])
+    return orjson.dumps(schema.cloudevent(a))
+
+
+def _runner(tmp_path) -> ActionRunner:
+    cfg = Config(runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "ledger.jsonl")))
+    return ActionRunner(cfg, env=env_with(tmp_path / "bin"))
+
+
+def test_an_action_killed_mid_plan_resumes_at_the_step_in_flight(tmp_path) -> None:
+    rec = tmp_path / "calls.jsonl"
+    write_standin(tmp_path / "bin", "scontrol", rec)
+    ledger = tmp_path / "ledger.jsonl"
+    # What a runner killed while draining n002 leaves: started, step 0 (drain n001) finished.
+    ledger.write_bytes(orjson.dumps({"action_id": "act-9", "status": "started", "ts": 1.0}) + b"\n"
+                       + orjson.dumps({"action_id": "act-9", "step": 0, "ts": 2.0}) + b"\n")
+    out = _runner(tmp_path).handle(_value())
+    assert recorded(rec) == [["scontrol", "update", "NodeName=n002", "State=DRAIN", DRAIN],
+                             ["scontrol", "requeue", "12345"]]
+    assert out.status is not None and out.status.status == "done" and "1 finished before a restart" in out.status.detail
+    # Done now: delivered again (a commit lost to the kill), it is not run a third time.
+    again = _runner(tmp_path).handle(_value())
+    assert again.duplicate and len(recorded(rec)) == 2
+    assert Ledger(str(ledger)).status("act-9") == "done"
+
+
+def test_a_torn_last_ledger_line_is_ignored_but_a_torn_middle_is_an_error(tmp_path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(orjson.dumps({"action_id": "a", "status": "done"}) + b"\n{\"action_id\": \"b\", \"sta")
+    assert Ledger(str(path)).status("a") == "done" and Ledger(str(path)).status("b") is None
+    path.write_bytes(b"{\"action_id\": \"b\", \"sta\n" + orjson.dumps({"action_id": "a", "status": "done"}) + b"\n")
+    with pytest.raises(LakeError, match="line 1"):
+        Ledger(str(path))
