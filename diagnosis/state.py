@@ -51,10 +51,10 @@ MARK_KEY = "~mark"
 # The engine's attributes, split: what a checkpoint carries and what a new owner builds itself.
 # A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
-STATIC = frozenset({"config", "batch", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
+STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters"})
 DYNAMIC = ("book", "counters._gpus", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
-           "_evicted", "now", "_final", "counts", "_last_known")
+           "_evicted", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
 
 
 def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
