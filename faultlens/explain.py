@@ -29,6 +29,7 @@ from faultlens.diagnosis.classify import (
     classify_nvsmi,
 )
 from faultlens.stream.schema import KernelEvent, StepTiming
+from faultlens.vocabulary import Category
 
 SOURCES = ("kernel", "nccl", "stack", "steps", "nvsmi", "unknown")
 _KERNEL_HINT = re.compile(r"NVRM|kernel: |^\[\s*[+]?\d+\.\d+\]|^\d+,\d+,\d+,|mlx5_core|EDAC|^kern\s+:|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} ", re.M)
@@ -231,7 +232,7 @@ def explain_lines(lines: Iterable[str], fmt: str | None = None, *, year: int | N
 
 # --------------------------------------------------------------------------- agreement with labels
 
-KERNEL_CATEGORY = {"gpu_memory_ecc": "gpu_memory", "thermal": "thermal_power"}
+KERNEL_CATEGORY = {"gpu_memory_ecc": Category.GPU_MEMORY, "thermal": Category.THERMAL_POWER}
 # NCCL labels use their own taxonomy. Collective timeouts and fabric configuration
 # failures are classified as `network` (where collectives broke); `unknown` in a
 # label means the thread never found a cause, so it makes no category claim.

@@ -371,7 +371,7 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
     window = float(cx["companion_window_s"])
     derived = set(cx["derived"])
 
-    if process and process in cx["driver_processes"] and c.category in ("gpu_hardware", "user_software"):
+    if process and process in cx["driver_processes"] and c.category in (Category.GPU_HARDWARE, Category.USER_SOFTWARE):
         c = _with(c, category="driver", rule=f"xid.{code}.driver_process",
                   meaning=f"{c.meaning} Raised by driver tooling ({process}), not a workload: points at the driver/firmware.")
     elif entry is not None and entry.nvidia_category == "user_application" and entry.result.action == "restart_job" and rec.pid is not None:
