@@ -15,6 +15,9 @@ wherever a GPU is at hand (the project's CI has none). It checks, in order:
    classifier, timing line -> verdict.
 4. ``nvidia-smi -q`` text of this machine through the nvidia-smi classifier (a healthy
    GPU must read as normal).
+5. ``--agent``: the real agent as a process (``faultlens agent --kernel-log kmsg``, NVML
+   on) against the embedded broker; an Xid written into /dev/kmsg; the gpu and kernel
+   topics read back: samples received, the Xid record, line -> topic latency.
 
 Prints a report and, last, one JSON object (``{"bench": "device_check", ...}``).
 ``--out DIR`` also writes the raw samples and the nvidia-smi text there.
@@ -145,11 +148,57 @@ def _nvidia_smi(report: dict[str, Any], out: Path | None) -> None:
         (out / "nvidia-smi-q.txt").write_text(text)
 
 
+def _agent_end_to_end(report: dict[str, Any], seconds: float) -> None:
+    from faultlens.config import BusConfig
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus import Consumer, ensure_topics
+
+    with EmbeddedBroker() as broker:
+        bus = BusConfig(bootstrap_servers=broker.bootstrap)
+        ensure_topics(bus)
+        spool = Path("/tmp/faultlens-device-spool")
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "faultlens.cli", "agent", "--bootstrap-servers", broker.bootstrap,
+             "--kernel-log", "kmsg", "--node", "gpu-node-1", "--spool-dir", str(spool),
+             "--metrics-port", "0", "--duration-s", str(seconds + 10)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(4.0)  # the agent opens NVML and seeks /dev/kmsg to its end
+        line = "NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus. (faultlens device_check --agent, injected)"
+        injected_at = time.time()
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<3>{line}\n")
+        consumer = Consumer(bus, ["gpu", "kernel"], group_id=None, bootstrap=broker.bootstrap)
+        gpu_samples, xid_at, deadline = 0, None, time.time() + seconds
+        while time.time() < deadline:
+            for m in consumer.poll(timeout_ms=500):
+                if m.kind == "gpu":
+                    gpu_samples += 1
+                elif m.kind == "kernel" and b"device_check --agent" in m.value and xid_at is None:
+                    xid_at = m.timestamp_ms / 1000.0
+                    rec = decoder.decode("kernel", m.value, content_type=m.content_type)
+                    report["agent_xid_record"] = {"xid": rec.xid, "pci_bus": rec.pci_bus, "kind": rec.kind}
+        consumer.close()
+        agent.terminate()
+        try:
+            out, _ = agent.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            out, _ = agent.communicate()
+    report["agent_gpu_samples"] = gpu_samples
+    report["agent_xid_on_topic_s"] = None if xid_at is None else round(xid_at - injected_at, 3)
+    report["agent_log_tail"] = out.splitlines()[-8:]
+    print(f"agent: {gpu_samples} GPU samples on the gpu topic in {seconds:.0f} s; injected Xid on the kernel "
+          f"topic after {report['agent_xid_on_topic_s']} s: {report.get('agent_xid_record')}")
+    print("  agent log tail:\n    " + "\n    ".join(report["agent_log_tail"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=5, help="NVML samples, one a second (default 5)")
     ap.add_argument("--out", type=Path, default=None, help="write raw samples and nvidia-smi text here")
     ap.add_argument("--quick", action="store_true", help="two samples")
+    ap.add_argument("--agent", type=float, default=0.0, metavar="SECONDS",
+                    help="also run the real agent against the embedded broker for this long (root, /dev/kmsg)")
     args = ap.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     _sample_nvml(2 if args.quick else args.samples, report, args.out)
     _xid_through_kmsg(report)
     _nvidia_smi(report, args.out)
+    if args.agent > 0:
+        _agent_end_to_end(report, args.agent)
     print(json.dumps(report, default=str))
     return 0
 
