@@ -498,7 +498,7 @@ def _classify_step(rec: StepTiming) -> Classification:
                           family="steps")
 
 
-_SOURCES = {KernelEvent: "kernel", NcclEvent: "nccl", StepTiming: "steps", StackDump: "stacks"}
+_SOURCES: dict[type, str] = {KernelEvent: "kernel", NcclEvent: "nccl", StepTiming: "steps", StackDump: "stacks"}
 
 
 def to_finding(record: Any, context: ClassifyContext | None = None) -> Finding | None:
