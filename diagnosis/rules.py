@@ -195,21 +195,14 @@ class CounterRules:
                 mem.streak[rule.name] = 0
                 mem.active.discard(rule.name)
                 return None
-            peer_clocks = [
-                o.sm_clock_mhz
-                for o in gpus
-                if o.index != g.index and not o.lost and o.sm_clock_mhz is not None
-            ]
+            # A clock the GPU could not report (null) is no peer and no evidence of a drop.
+            peer_clocks = [o.sm_clock_mhz for o in gpus
+                           if o.index != g.index and not o.lost and o.sm_clock_mhz is not None]
             peer_clock = statistics.median(peer_clocks) if peer_clocks else 0.0
             clock_ok = True
             if rule.clock_drop_frac is not None:
-                # An unknown clock (a nulled field) cannot show the drop the rule asks for.
-                own_clock = g.sm_clock_mhz
-                clock_ok = (
-                    peer_clock > 0
-                    and own_clock is not None
-                    and own_clock <= peer_clock * (1.0 - rule.clock_drop_frac)
-                )
+                own = g.sm_clock_mhz
+                clock_ok = own is not None and peer_clock > 0 and own <= peer_clock * (1.0 - rule.clock_drop_frac)
             if clock_ok:
                 mem.streak[rule.name] = mem.streak.get(rule.name, 0) + 1
             else:

@@ -370,7 +370,7 @@ def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any
         raise SchemaError("not_an_object", kind=kind)
     _version(obj, kind)
     try:
-        record = msgspec.convert(obj, cls)
+        record: Any = msgspec.convert(obj, cls)
         if _finite(record):  # a NaN/Infinity float (MessagePack, Python objects): the table nulls it
             return _check(record, kind)
     except msgspec.ValidationError:
@@ -552,7 +552,7 @@ def columns_to_obj(obj: dict[str, Any], kind: str) -> dict[str, Any]:
             vals = [vals] * n  # a column that is no array of n: each GPU's value fails the table
         for g, x in zip(gpus, vals, strict=True):
             g[name] = x
-    out = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
+    out: dict[str, Any] = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
     out["gpus"] = gpus
     for k in obj:
         if k not in _COLUMNAR_KEYS:

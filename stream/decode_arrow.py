@@ -291,8 +291,8 @@ def decode_batch(kind: str, topic: str, partition: int, records: Sequence[Any]) 
             out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, err))
             continue
         except (ValueError, TypeError, RecursionError) as exc:  # anything the decoder did not foresee
-            err = SchemaError("undecodable", kind=kind, detail=repr(exc)[:500])
-            out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, err))
+            unforeseen = SchemaError("undecodable", kind=kind, detail=repr(exc)[:500])
+            out.dead.append(dead_letter(topic, partition, r.offset, r.key, r.value, unforeseen))
             continue
         if issues:
             _quarantine(kind, partition, r, getattr(rec, "node", None), issues, out)

@@ -60,7 +60,7 @@ class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 # --------------------------------------------------------------------------- telemetry
 
 
-class GpuState(_Record, omit_defaults=True):
+class GpuState(_Record, frozen=True, omit_defaults=True):
     """One GPU at one instant. Error counters are cumulative, as NVML reports them.
 
     Every field but ``index`` may be None: a value the producer could not give
@@ -98,7 +98,7 @@ class GpuState(_Record, omit_defaults=True):
     lost: bool | None = False  # NVML answered GpuIsLost / the device vanished
 
 
-class GpuSample(_Record):
+class GpuSample(_Record, frozen=True):
     """One node's NVML sample of all its GPUs at one instant (topic ``gpu``)."""
 
     KIND: ClassVar[str] = "gpu"
@@ -109,7 +109,7 @@ class GpuSample(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class KernelEvent(_Record):
+class KernelEvent(_Record, frozen=True):
     """One kernel log record (topic ``kernel``): the raw text plus parsed fields.
 
     ``raw`` holds the whole record, continuation lines included. ``kind`` is the
@@ -132,7 +132,7 @@ class KernelEvent(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class NcclEvent(_Record):
+class NcclEvent(_Record, frozen=True):
     """One NCCL / torch.distributed log record (topic ``nccl``), raw plus parsed."""
 
     KIND: ClassVar[str] = "nccl"
@@ -155,7 +155,7 @@ class NcclEvent(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class StepTiming(_Record):
+class StepTiming(_Record, frozen=True):
     """One rank's timing of one training step, with its workload (topic ``steps``)."""
 
     KIND: ClassVar[str] = "steps"
@@ -181,7 +181,7 @@ class StepTiming(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class StackDump(_Record):
+class StackDump(_Record, frozen=True):
     """One process's stack dump, all threads, as ``py-spy dump`` printed it (topic ``stacks``)."""
 
     KIND: ClassVar[str] = "stacks"
@@ -196,7 +196,7 @@ class StackDump(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class JobTopology(_Record):
+class JobTopology(_Record, frozen=True):
     """A job's topology (topic ``jobs``). ``ranks`` maps str(rank) -> {node, gpu}."""
 
     KIND: ClassVar[str] = "jobs"
@@ -216,7 +216,7 @@ class JobTopology(_Record):
 # --------------------------------------------------------------------------- diagnosis outputs
 
 
-class Incident(_Record):
+class Incident(_Record, frozen=True):
     """An incident opened or updated (topic ``incidents``, CloudEvents envelope).
 
     ``suspects``: [{node, gpu?, ranks?, score, reason}]; ``evidence``: [{ts, source,
@@ -246,7 +246,7 @@ class Incident(_Record):
 ACTION_TYPES = values(ActionType)
 
 
-class Action(_Record):
+class Action(_Record, frozen=True):
     """A remediation action for the job runner (topic ``actions``, CloudEvents envelope)."""
 
     KIND: ClassVar[str] = "actions"
@@ -265,7 +265,7 @@ class Action(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class ActionStatus(_Record):
+class ActionStatus(_Record, frozen=True):
     """The runner's result of an action (topic ``action-status``)."""
 
     KIND: ClassVar[str] = "action-status"
@@ -279,7 +279,7 @@ class ActionStatus(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class Command(_Record):
+class Command(_Record, frozen=True):
     """A request to agents (topic ``commands``), e.g. ``dump_stacks`` of job J."""
 
     KIND: ClassVar[str] = "commands"
@@ -292,7 +292,7 @@ class Command(_Record):
     v: Int64 = SCHEMA_VERSION
 
 
-class DeadLetter(_Record):
+class DeadLetter(_Record, frozen=True):
     """A message that could not be decoded, with the reason (topic ``deadletter``)."""
 
     KIND: ClassVar[str] = "deadletter"
@@ -334,28 +334,9 @@ class Finding:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-RECORDS: dict[str, type] = {
-    cls.KIND: cls
-    for cls in (
-        GpuSample,
-        KernelEvent,
-        NcclEvent,
-        StepTiming,
-        StackDump,
-        JobTopology,
-        Incident,
-        Action,
-        ActionStatus,
-        Command,
-        DeadLetter,
-    )
-}
-TELEMETRY_KINDS = ("gpu", "kernel", "nccl", "steps", "stacks", "jobs")
-
-
 # A lake table that is not a topic: one row per field the decoder could not read
 # (nulled in its record) with the raw message, so a producer's quirk can be seen.
-class Quarantine(_Record):
+class Quarantine(_Record, frozen=True):
     """A field nulled by the decoder (lake table ``quarantine``; not a topic)."""
 
     KIND: ClassVar[str] = "quarantine"
