@@ -195,11 +195,13 @@ class CounterRules:
                 mem.streak[rule.name] = 0
                 mem.active.discard(rule.name)
                 return None
-            peer_clocks = [o.sm_clock_mhz for o in gpus if o.index != g.index and not o.lost]
+            peer_clocks = [o.sm_clock_mhz for o in gpus
+                           if o.index != g.index and not o.lost and o.sm_clock_mhz is not None]
             peer_clock = statistics.median(peer_clocks) if peer_clocks else 0.0
             clock_ok = True
-            if rule.clock_drop_frac is not None:
-                clock_ok = peer_clock > 0 and g.sm_clock_mhz <= peer_clock * (1.0 - rule.clock_drop_frac)
+            if rule.clock_drop_frac is not None:  # an unknown clock (N/A) is not a drop
+                clock_ok = peer_clock > 0 and g.sm_clock_mhz is not None \
+                    and g.sm_clock_mhz <= peer_clock * (1.0 - rule.clock_drop_frac)
             if clock_ok:
                 mem.streak[rule.name] = mem.streak.get(rule.name, 0) + 1
             else:
