@@ -56,6 +56,7 @@ from faultlens.stream.schema import (
     StepTiming,
 )
 from faultlens.stream.topology import Topology
+from faultlens.vocabulary import IncidentKind, LineAction, Severity
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,13 @@ class DiagnosisEngine:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
-        if signal is None and finding is not None and finding.severity == "critical" and finding.action == "evict_node":
-            signal = Signal(ts=record.ts, job=job, kind="unclassified", role="cause",
-                            confidence=min(finding.confidence, 0.8), rule=f"classify:{finding.rule}",
-                            source=finding.source, text=record.raw, node=record.node, rank=record.rank,
-                            category=finding.category, severity=finding.severity)
+        if signal is None and finding is not None and _unmatched_but_actionable(record, finding):
+            # A signature no policy signal names: one unclassified incident that takes the signature's own
+            # action (route action "signature"), under the route's confidence floor and the guard rails.
+            signal = Signal(ts=record.ts, job=job, kind=IncidentKind.UNCLASSIFIED, role="cause",
+                            confidence=finding.confidence, rule=f"classify:{finding.rule}", source=finding.source,
+                            text=record.raw, node=record.node, rank=record.rank, category=finding.category,
+                            severity=finding.severity, action=finding.action, signature=finding.rule)
         if signal is None:
             return
         if finding is not None:
@@ -504,6 +507,19 @@ class DiagnosisEngine:
 
     def detector_names(self) -> list[str]:
         return [getattr(d, "name", type(d).__name__) for d in self.detectors]
+
+
+# Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
+_KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
+                                LineAction.RESTART_JOB})
+
+
+def _unmatched_but_actionable(record: KernelEvent | NcclEvent, finding: Finding) -> bool:
+    """A line no policy signal took that still asks for an action: any actionable kernel signature, a
+    critical eviction from an NCCL/torch line."""
+    if isinstance(record, KernelEvent):
+        return finding.action in _KERNEL_ACTIONABLE
+    return finding.severity == Severity.CRITICAL and finding.action == LineAction.EVICT_NODE
 
 
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
