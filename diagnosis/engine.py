@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from faultlens.config import Config
+from faultlens.diagnosis.detectors import (
+    Detector,
+    default_detectors,
+    load_classify,
+    new_classify_context,
+)
+from faultlens.diagnosis.exceptions import exception_fingerprint, user_exception
 from faultlens.diagnosis.guard import Guard
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
@@ -32,6 +38,8 @@ from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, load_policy
 from faultlens.diagnosis.progress import JobProgress, check_hang
+from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, nan_culprits
+from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
@@ -48,52 +56,14 @@ from faultlens.stream.schema import (
     StepTiming,
 )
 from faultlens.stream.topology import Topology
+from faultlens.vocabulary import IncidentKind, LineAction, Severity
 
 log = logging.getLogger(__name__)
 
 Output = Incident | Action | Command
-
-
-@runtime_checkable
-class Detector(Protocol):
-    """What a detector (models/) must offer to plug into the engine."""
-
-    name: str
-
-    def set_topology(self, topology: Topology) -> None: ...
-
-    def observe(self, record: Any) -> list[Finding]: ...
-
-    def tick(self, now: float) -> list[Finding]: ...
-
-
-# Exceptions that say the infrastructure failed, not the user's code: never rolled back.
-INFRA_EXCEPTION_RE = re.compile(
-    r"NCCL|DistBackendError|ProcessGroup|Watchdog|ncclRemoteError|ncclSystemError|ncclInternalError|"
-    r"CUDA error: (?:an illegal|unspecified launch|uncorrectable ECC|ECC)|uncorrectable ECC|Xid|"
-    r"Connection (?:reset|refused|closed)|Broken pipe|BrokenPipeError|TCPStore|SIGKILL|Signals?\.SIGKILL|"
-    r"ChildFailedError|timed out|timeout", re.IGNORECASE)
-EXCEPTION_LINE_RE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?.*)$")
-_NUM_RE = re.compile(r"0x[0-9a-fA-F]+|\d+")
-
-
-def exception_fingerprint(record: NcclEvent) -> str | None:
-    """The normalised final exception line of a traceback record, or None."""
-    text = record.exception
-    if not text:
-        if record.kind not in ("exception", "traceback", "python_exception") and "Traceback" not in record.raw:
-            return None
-        lines = [m["exc"] for m in map(EXCEPTION_LINE_RE.match, record.raw.splitlines()) if m]
-        if not lines:
-            return None
-        text = lines[-1]
-    return _NUM_RE.sub("#", text.strip())[:300]
-
-
-# Incident kinds whose evidence on a machine, in the window of a NaN loss, names that machine.
-NAN_MACHINE_KINDS = frozenset({"ecc_uncorrectable", "row_remap_failure", "row_remap_pending", "retired_pages",
-                               "gpu_hardware", "gpu_lost", "nvlink_error", "pcie_degradation"})
-NAN_WINDOW_S = 900.0
+# Re-exported: callers import these from the engine (the split kept their names here).
+__all__ = ["DiagnosisEngine", "Detector", "JobState", "Output", "default_detectors", "exception_fingerprint",
+           "run_records"]
 
 
 @dataclass
@@ -144,9 +114,9 @@ class DiagnosisEngine:
         self._node_job: dict[str, str] = {}
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
-        self._classify = _load_classify() if classify == "auto" else classify
+        self._classify = load_classify() if classify == "auto" else classify
         # the same context rules as explain (repeats, derived Xids); a caller-given classify gets none
-        self._classify_ctx = _new_classify_context() if classify == "auto" else None
+        self._classify_ctx = new_classify_context() if classify == "auto" else None
         self.now = 0.0
         self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
@@ -236,16 +206,18 @@ class DiagnosisEngine:
             self._on_nan_line(record, job)
             return
         if isinstance(record, NcclEvent):
-            fp = exception_fingerprint(record)
-            if fp is not None and not INFRA_EXCEPTION_RE.search(fp):
+            fp = user_exception(record)
+            if fp is not None:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
-        if signal is None and finding is not None and finding.severity == "critical" and finding.action == "evict_node":
-            signal = Signal(ts=record.ts, job=job, kind="unclassified", role="cause",
-                            confidence=min(finding.confidence, 0.8), rule=f"classify:{finding.rule}",
-                            source=finding.source, text=record.raw, node=record.node, rank=record.rank,
-                            category=finding.category, severity=finding.severity)
+        if signal is None and finding is not None and _unmatched_but_actionable(record, finding):
+            # A signature no policy signal names: one unclassified incident that takes the signature's own
+            # action (route action "signature"), under the route's confidence floor and the guard rails.
+            signal = Signal(ts=record.ts, job=job, kind=IncidentKind.UNCLASSIFIED, role="cause",
+                            confidence=finding.confidence, rule=f"classify:{finding.rule}", source=finding.source,
+                            text=record.raw, node=record.node, rank=record.rank, category=finding.category,
+                            severity=finding.severity, action=finding.action, signature=finding.rule)
         if signal is None:
             return
         if finding is not None:
@@ -476,63 +448,15 @@ class DiagnosisEngine:
         if not self._final and self.now - inc.opened_ts < settle:
             inc.state.waiting = f"waiting {settle:.0f} s for every rank's steps before naming the first"
             return
-        culprits: dict[str, str] = {}
-        ranks, why = job.nan.culprit_ranks()
-        for r in ranks:
-            node = job.topology.placement.get(r, (None, None))[0] if job.topology else None
-            if node:
-                culprits.setdefault(node, why)
-                inc.suspect(node, 0.8, why, rank=r)
-        for other in self.book.incidents.values():
-            if other.job == inc.job and other.node and other.kind in NAN_MACHINE_KINDS \
-                    and abs(other.opened_ts - inc.opened_ts) <= NAN_WINDOW_S:
-                reason = f"{other.kind} on {other.node} in the window (incident {other.id})"
-                culprits.setdefault(other.node, reason)
-                inc.suspect(other.node, 0.85, reason)
+        culprits, why = nan_culprits(inc, job.nan, job.topology, self.book.incidents.values())
         inc.state.nan_search = "culprit" if culprits else why
         inc.state.waiting = None
         self._act(inc, self.policy.decide_nan(inc, culprits, job.nodes))
 
     def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision | Hold:
-        """A slow (not dead) machine: ask the adaptation planner whether keeping the job
-        running on a new plan beats evicting it, by predicted goodput over the horizon.
-
-        Needs the job's topology and a measured slowdown (the fail-slow detector's
-        figures in the evidence); without them the explicit rule's eviction stands, and
-        when the planner finds that nothing pays off the eviction stands too (the
-        machine is faulty; a person can still choose to keep it)."""
         job = self._jobs.get(inc.job)
-        if not self.config.adaptation.enabled or job is None or job.topology is None:
-            return decision
-        taken = inc.decided & {"evict_nodes", "adapt_parallelism"}
-        if taken:
-            return Hold(f"one remedy per incident: {', '.join(sorted(taken))} already taken")
-        measured = next((e for e in reversed(inc.evidence)
-                         if str(e.get("source", "")).startswith("model:") and "slowdown" in (e.get("figures") or {})), None)
-        if measured is None:
-            # ByteRobust confirms a throttling gray failure against the job's throughput before
-            # acting: wait a while for the step-time detector to measure the slowdown.
-            waited = self.now - inc.opened_ts
-            if self._final or waited >= self.config.adaptation.confirm_wait_s:
-                return decision
-            return Hold(f"confirming the slowdown against the job's steps ({waited:.0f}/"
-                        f"{self.config.adaptation.confirm_wait_s:.0f} s) before choosing eviction or adaptation")
-        from faultlens.diagnosis.adaptation import choose_remediation
-
-        finding = Finding(ts=float(measured.get("ts", self.now)), kind="fail_slow", category=inc.category,
-                          severity="critical", action="evict_node", confidence=decision.confidence,
-                          source=str(measured.get("source")), rule=str(measured.get("rule", "")),
-                          text=str(measured.get("text", "")), node=measured.get("node"), job=inc.job,
-                          gpu=measured.get("gpu"), rank=measured.get("rank"), figures=dict(measured["figures"]))
-        try:
-            action = choose_remediation(finding, job.topology, config=self.config, incident_id=inc.id, now=self.now)
-        except (ValueError, KeyError) as exc:
-            log.warning("adaptation planner could not plan for %s: %s", inc.id, exc)
-            return decision
-        if action.type == "adapt_parallelism":
-            return Decision("adapt_parallelism", tuple(decision.nodes), action.reason, decision.confidence,
-                            plan=action.plan)
-        return Decision(decision.type, decision.nodes, decision.reason, decision.confidence, plan=action.plan)
+        return adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
+                              now=self.now, final=self._final)
 
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
         job = self._jobs.get(inc.job)
@@ -585,74 +509,21 @@ class DiagnosisEngine:
         return [getattr(d, "name", type(d).__name__) for d in self.detectors]
 
 
+# Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
+_KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
+                                LineAction.RESTART_JOB})
+
+
+def _unmatched_but_actionable(record: KernelEvent | NcclEvent, finding: Finding) -> bool:
+    """A line no policy signal took that still asks for an action: any actionable kernel signature, a
+    critical eviction from an NCCL/torch line."""
+    if isinstance(record, KernelEvent):
+        return finding.action in _KERNEL_ACTIONABLE
+    return finding.severity == Severity.CRITICAL and finding.action == LineAction.EVICT_NODE
+
+
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
     if record.fields.get("ts_estimated"):
         signal.figures["ts_estimated"] = True
         signal.figures["ts_anchor"] = record.fields.get("ts_anchor", "")
-
-
-# Incident kinds where a machine is slow rather than dead: the planner may keep it.
-ADAPTABLE_KINDS = frozenset({"fail_slow", "thermal_throttle", "pcie_degradation"})
-
-
-def _new_classify_context() -> Any:
-    """One classify context per engine (None when diagnosis.classify is absent)."""
-    try:
-        from faultlens.diagnosis.classify import ClassifyContext
-    except ImportError:
-        return None
-    return ClassifyContext()
-
-
-def _load_classify() -> Any:
-    """diagnosis.classify.to_finding when that module is present (log-line meaning), else None."""
-    try:
-        from faultlens.diagnosis import classify
-    except ImportError:
-        return None
-    return getattr(classify, "to_finding", None)
-
-
-def default_detectors() -> list[Detector]:
-    """The models/ detectors that are installed (fail-slow, peer comparison); empty when none are."""
-    out: list[Detector] = []
-    try:
-        from faultlens.models.failslow import FailSlowDetector
-
-        out.append(FailSlowDetector())
-    except ImportError:
-        pass
-    try:
-        from faultlens.models.peer import PeerDetector
-
-        out.append(PeerDetector())
-    except ImportError:
-        pass
-    return out
-
-
-def run_records(engine: DiagnosisEngine, records: Iterable[Any], *, tick_every_s: float = 10.0,
-                progress: Callable[[int], None] | None = None, progress_every: int = 20_000) -> list[Output]:
-    """Feed time-ordered records, ticking on event time; a final tick settles what is pending.
-
-    ``progress(n)`` is called every ``progress_every`` records with the count so far.
-    """
-    outputs: list[Output] = []
-    next_tick: float | None = None
-    for n, rec in enumerate(records, 1):
-        if progress is not None and n % progress_every == 0:
-            progress(n)
-        ts = getattr(rec, "ts", None)
-        if isinstance(ts, (int, float)):
-            if next_tick is None or ts - next_tick > 100 * tick_every_s:
-                if next_tick is not None:  # a long silence in the input: one tick covers it
-                    outputs.extend(engine.tick(next_tick))
-                next_tick = ts + tick_every_s
-            while ts >= next_tick:
-                outputs.extend(engine.tick(next_tick))
-                next_tick += tick_every_s
-        outputs.extend(engine.observe(rec))
-    outputs.extend(engine.tick(engine.now))
-    outputs.extend(engine.tick(engine.now, final=True))
-    return outputs
