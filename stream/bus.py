@@ -82,6 +82,12 @@ class Producer:
     ``send`` never blocks on the network for long: kafka-python batches in the
     background (``linger_ms``). Callers that must not lose data on a broker
     outage (the agent) put a spool in front of this (collectors.spool).
+
+    On the embedded broker the producer is not idempotent: its memory-only
+    storage forgets producer ids when it restarts, and kafka-python's
+    idempotent producer then fails for good (``InitProducerId``: unknown error)
+    instead of sending to the restarted broker. Duplicates from retries are
+    harmless downstream (the lake dedupes on offsets, actions carry ids).
     """
 
     def __init__(self, bus: BusConfig, bootstrap: str | None = None, **overrides: Any):
@@ -90,6 +96,8 @@ class Producer:
 
         self.prefix = bus.topic_prefix
         kw = client_kwargs(bus, bootstrap)
+        if is_embedded(",".join(kw["bootstrap_servers"])):
+            kw["enable_idempotence"] = False
         kw.update(
             linger_ms=bus.linger_ms,
             batch_size=bus.batch_size_bytes,
