@@ -44,8 +44,12 @@ not:
 * Lines without a time. The parsers give such a line the time of the previous
   timed line in the same file. torchrun's own glog lines (``E1121
   04:56:41.732487 98927 torch/...``) are timed here. A record before the file's
-  first timed line takes that line's time (``ts_anchor`` ``next_line``), and in
-  a file with no time at all the node's first time (``node_first``).
+  first timed line takes that line's time (``ts_anchor`` ``next_line``). In a
+  file with no time at all (NCCL's own lines carry none, nor do tracebacks), an
+  INFO line takes the node's first time (``node_first``: set-up chatter) and
+  anything else, a WARN, an exception or a traceback, the node's last step time
+  (``last_step``): the error that stopped or hung the ranks came when their steps
+  stopped, not when the job began.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class NodeClock:
     year_from: str  # explicit | gpu/steps | job | log | mtime | now
     first_ts: float | None = None  # the node's first gpu.jsonl/steps time
     last_ts: float | None = None  # ... and last
+    last_step_ts: float | None = None  # the node's last step record (None: no steps)
     boot_time: float | None = None
     boot_from: str | None = None  # hardware | process_exit | first_record | last_record (None: not needed or no anchor)
     estimated: int = 0  # records marked ts_estimated
@@ -252,10 +257,13 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
     for node, samples in gpu_by_node.items():
         if samples:
             first_ts[node], last_ts[node] = samples[0].ts, samples[-1].ts
+    last_step_ts: dict[str, float] = {}
     for s in out.steps:  # time-ordered: the first seen is the earliest
         first_ts.setdefault(s.node, s.ts)
         if s.ts > last_ts.get(s.node, -math.inf):
             last_ts[s.node] = s.ts
+        if s.ts > last_step_ts.get(s.node, -math.inf):
+            last_step_ts[s.node] = s.ts
     job_first = min(first_ts.values()) if first_ts else None
 
     # 2. Text logs, per node, anchored on the node's clock.
@@ -267,6 +275,7 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
             sorted((nd / "nccl").glob("*.log")) if (nd / "nccl").is_dir() else [])
         clock = _node_clock(year, first_ts.get(node), job_first, log_files)
         clock.last_ts = last_ts.get(node)
+        clock.last_step_ts = last_step_ts.get(node)
         out.clocks[node] = clock
         k = nd / "kernel.log"
         node_nccl: list[NcclEvent] = []
@@ -475,6 +484,10 @@ def _anchor_nccl(recs: list[NcclEvent], clock: NodeClock) -> list[NcclEvent]:
     if untimed:
         fallback = clock.first_ts if clock.first_ts is not None else 0.0
         for i in untimed:
-            out[i] = schema.replace(out[i], ts=fallback, fields=_estimated(out[i].fields, "node_first"))
+            if out[i].level != "INFO" and clock.last_step_ts is not None:
+                ts, how = clock.last_step_ts, "last_step"
+            else:
+                ts, how = fallback, "node_first"
+            out[i] = schema.replace(out[i], ts=ts, fields=_estimated(out[i].fields, how))
             clock.estimated += 1
     return out

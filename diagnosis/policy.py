@@ -263,12 +263,16 @@ class Policy:
         if not ranks:
             return None
         text, holders = max(ranks.items(), key=lambda kv: len(kv[1]))
+        # The share among the ranks that raised a user-code exception at all (policy.toml): launchers
+        # kill the other ranks once one fails, so a real log holds a traceback from one rank per
+        # node, or from one rank only, far more often than from every rank of the job.
         reporting = set().union(*ranks.values())
-        denominator = max(world_size or 0, len(reporting), 1)
-        fraction = len(holders) / denominator
+        fraction = len(holders) / max(len(reporting), 1)
         if fraction >= route.min_rank_fraction:
-            return Decision("rollback_code", (), f"the same exception on {len(holders)}/{denominator} ranks: "
-                            f"{text[:200]} (user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
+            of_world = f" of {world_size}" if world_size else ""
+            return Decision("rollback_code", (), f"the same exception on {len(holders)}{of_world} rank(s), "
+                            f"{len(holders)}/{len(reporting)} of those that raised one: {text[:200]} "
+                            "(user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
         return None
 
     def decide_nan(self, inc: OpenIncident, culprits: dict[str, str], job_nodes: list[str]) -> Decision:

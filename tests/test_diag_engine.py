@@ -97,7 +97,19 @@ def test_same_exception_on_every_rank_rolls_back_and_never_evicts():
              for r in range(32)]
     incidents, actions = diagnose(recs)
     assert [a.type for a in actions] == ["rollback_code"]
-    assert actions[0].nodes == [] and "/32 ranks: IndexError" in actions[0].reason
+    assert actions[0].nodes == [] and "IndexError" in actions[0].reason and "never evict" in actions[0].reason
+    assert not [i for i in incidents if i.kind == "hang" and i.status == "open"]
+
+
+def test_a_traceback_from_one_rank_per_node_still_rolls_back():
+    """Launchers kill the other ranks once one fails: a real log often holds one traceback per node."""
+    tb = ("[rank{r}]: Traceback (most recent call last):\n[rank{r}]:   File \"train.py\", line 160, in train_step\n"
+          "[rank{r}]: KeyError: 'attention_mask'")
+    recs = steps(T0, T0 + 200) + gpu_samples(T0, T0 + 900)
+    recs += [NcclEvent(ts=T0 + 200 + r / 50, node=TOPO.node_of(r), kind="traceback", rank=r, raw=tb.format(r=r))
+             for r in range(0, 32, 8)]
+    incidents, actions = diagnose(recs)
+    assert [a.type for a in actions] == ["rollback_code"] and actions[0].nodes == []
     assert not [i for i in incidents if i.kind == "hang" and i.status == "open"]
 
 
