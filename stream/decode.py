@@ -63,6 +63,8 @@ TRUE_WORDS = frozenset(_TABLE["booleans"]["true"])
 FALSE_WORDS = frozenset(_TABLE["booleans"]["false"])
 NULL_WORDS: dict[str, str] = dict(_TABLE["nulls"])
 UNITS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in _TABLE["units"].items()}
+NONFINITE_FIELDS = frozenset(_TABLE["nonfinite_values"]["fields"])
+NONFINITE_WORDS: dict[str, float] = {k: float(v) for k, v in _TABLE["nonfinite_values"]["words"].items()}
 _NUMBER_UNIT = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)$")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -121,6 +123,11 @@ def to_float(value: Any, name: str) -> float:
     """A float field's value per the table; raises _Bad(reason)."""
     if isinstance(value, bool):
         raise _Bad("bad_type")
+    if name in NONFINITE_FIELDS:  # NaN / Infinity is the measurement here (coercion.toml)
+        if isinstance(value, float) and not math.isfinite(value):
+            return value
+        if isinstance(value, str) and _word(value) in NONFINITE_WORDS:
+            return NONFINITE_WORDS[_word(value)]
     if isinstance(value, str):
         value = _number(value, name)
     if isinstance(value, int):
@@ -350,7 +357,8 @@ def _finite(record: Any) -> bool:
             x = getattr(g, name)
             if x is not None and x - x != 0.0:
                 return False
-    return all(x is None or not isinstance(x, float) or x - x == 0.0 for x in msgspec.structs.astuple(record))
+    return all(x is None or not isinstance(x, float) or x - x == 0.0 or name in NONFINITE_FIELDS
+               for name, x in zip(record.__struct_fields__, msgspec.structs.astuple(record), strict=True))
 
 
 _FLOAT_GPU_FIELDS = tuple(f.name for f in _plan(GpuState) if f.coerce is to_float)
