@@ -36,6 +36,7 @@ from faultlens.diagnosis.jobwide import JobWideCorrelator, JobWideRule
 from faultlens.diagnosis.modes import BATCH, ONLINE, Mode, output_id
 from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.notes import NOTE, attach_pending, file_note
 from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, load_policy
 from faultlens.diagnosis.progress import JobProgress, check_hang
 from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, nan_culprits
@@ -75,6 +76,7 @@ class JobState:
     progress: JobProgress = field(default_factory=JobProgress)
     nan: NanWatch = field(default_factory=NanWatch)
     stacks: dict[int, StackDump] = field(default_factory=dict)
+    notes: list[Signal] = field(default_factory=list)  # notes waiting for an incident (diagnosis.notes)
 
     @property
     def nodes(self) -> list[str]:
@@ -271,12 +273,18 @@ class DiagnosisEngine:
 
     def _file(self, signal: Signal, *, decide: bool = True) -> OpenIncident | None:
         self.counts["signals"] += 1
+        if signal.role == NOTE:
+            file_note(self.book, self._job(signal.job).notes, signal)
+            return None
         rule = self.jobwide.rule_for(signal.kind) if signal.node and signal.role != "job" else None
         if rule is not None:
             inc = self._file_jobwide(signal, rule)
             if inc is not None:
                 return inc
         inc = self.book.add(signal)
+        job = self._jobs.get(signal.job)
+        if inc is not None and job is not None:
+            attach_pending(inc, job.notes)
         if inc is not None and decide:
             self._decide(inc)
         return inc

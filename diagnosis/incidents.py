@@ -30,7 +30,7 @@ LINE_ACTION_ORDER = (LineAction.NONE, LineAction.NOTIFY, LineAction.ROLLBACK_COD
 
 def stronger_line_action(a: str | None, b: str | None) -> str | None:
     """The stronger of two per-line actions (None and unknown values are weakest)."""
-    rank = {v: i for i, v in enumerate(LINE_ACTION_ORDER)}
+    rank: dict[str, int] = {v: i for i, v in enumerate(LINE_ACTION_ORDER)}
     return max((x for x in (a, b) if x is not None), key=lambda x: rank.get(x, -1), default=None)
 
 

@@ -45,7 +45,7 @@ SIGNATURE_ACTION: dict[str, ActionType] = {
     LineAction.NOTIFY: ActionType.NOTIFY,
     LineAction.NONE: ActionType.NOTIFY,
 }
-ROLES = ("cause", "alert", "symptom", "job", "info")
+ROLES = ("cause", "alert", "symptom", "job", "info", "note")  # note: diagnosis.notes
 SOURCES = ("kernel", "nccl", "gpu", "steps", "stacks", "model")
 
 
@@ -132,7 +132,7 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
             raise CatalogError(f"action {route.action!r} not in {ROUTE_ACTIONS}", file=str(path), entry=f"route.{kind}")
         routes[kind] = route
     for s in signals:
-        if s.kind and s.kind not in routes and s.role != "info":
+        if s.kind and s.kind not in routes and s.role not in ("info", "note"):
             raise CatalogError(f"kind {s.kind!r} has no [route.{s.kind}]", file=str(path), entry=s.name)
     if "ib_link" in routes and (network_alerts_to_evict is not None or network_window_s is not None):
         r = routes["ib_link"]
