@@ -13,7 +13,6 @@ from pathlib import Path
 from faultlens.explain import explain_lines
 from faultlens.signatures import classify_nvsmi
 from faultlens.stream import decode as decoder
-from faultlens.stream import schema
 
 CAPTURE = Path(__file__).parent / "fixtures" / "device_h100"
 
