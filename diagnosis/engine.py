@@ -57,7 +57,7 @@ from faultlens.stream.schema import (
     StepTiming,
 )
 from faultlens.stream.topology import Topology
-from faultlens.vocabulary import IncidentKind, LineAction, Severity
+from faultlens.vocabulary import ActionType, IncidentKind, LineAction, Severity
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,7 @@ class DiagnosisEngine:
         )
         inc.actions.append(action.id)
         inc.dirty = True
-        if d.type in ("evict_nodes", "restart_job", "rollback_code", "run_diagnostics"):
+        if d.type in _REMEDIES:
             inc.summary = inc.summary or d.reason
         self._outputs.append(action)
         if d.type != "notify":
@@ -517,6 +517,9 @@ class DiagnosisEngine:
         return [getattr(d, "name", type(d).__name__) for d in self.detectors]
 
 
+# Action types that remedy (an incident's summary is the reason of the first one taken).
+_REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
+                       ActionType.RUN_DIAGNOSTICS})
 # Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
 _KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
                                 LineAction.RESTART_JOB})
