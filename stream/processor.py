@@ -24,6 +24,18 @@ restart) or uncommitted files (deleted, re-read on restart).
 Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
 table (exactly once, like any row) and are sent to the deadletter topic
 (at least once: a crash after the send and before the commit sends again).
+
+Why not stream/consume.py's ``ConsumeLoop`` (the loop of every other service):
+that loop's commit point is a Kafka offset commit after each batch's effects,
+on the polling thread. Here the commit point is the lake's manifest, offsets
+live there (not in Kafka), partitions are placed by a seek on assignment, and
+the write of one buffer overlaps the polling and decoding of the next (one
+commit thread). On the loop, every batch would wait for its Parquet write and a
+synchronous Kafka commit, and each record would become a ``bus.Message`` first;
+the ingest rate is bounded by the polling thread already (benchmarks/ingest.py),
+so both cost throughput directly. What the two share (decode -> dead letter,
+the content-type header, shutdown by ``stop()``) is in stream/decode_arrow.py
+and stream/fetch.py.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, schema, topics
 from faultlens.stream.fetch import Fetcher, Key, open_fetcher
 from faultlens.stream.lake import LakeWriter
+from faultlens.stream.processor_stats import ProcessorStats
 
 log = logging.getLogger(__name__)
 
@@ -78,88 +91,6 @@ PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<firs
 # One decoder (stream/decode.py); stream/decode_arrow.py lays its records out as Arrow.
 decode_batch = decode_arrow.decode_batch
 Decoded = decode_arrow.Decoded
-
-
-# --------------------------------------------------------------------------- stats
-
-
-class ProcessorStats:
-    """Counters of one processor; mirrored to Prometheus when a registry is given.
-
-    No process-wide registry: pass ``prometheus_client.CollectorRegistry()``.
-    """
-
-    def __init__(self, registry: Any = None):
-        self.messages: Counter[str] = Counter()  # kind -> messages consumed
-        self.rows: Counter[str] = Counter()  # lake table -> rows committed
-        self.dead_letters: Counter[str] = Counter()  # reason -> messages
-        self.quarantined: Counter[tuple[str, str, str]] = Counter()  # (kind, field, reason) -> fields nulled
-        self.unknown_fields: Counter[tuple[str, str]] = Counter()  # (kind, key) -> messages with it
-        self.lag: dict[tuple[str, int], int] = {}
-        self.commits = 0
-        self.orphans_deleted = 0
-        self.started = time.monotonic()
-        self.assigned_at: float | None = None  # monotonic time of the first partition assignment
-        self.first_message_at: float | None = None  # monotonic time the first message was polled
-        self.last_commit_at: float | None = None
-        self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
-        # Prometheus: the shared families of faultlens.metrics.ServiceMetrics (the names the
-        # shipped alert rules use), registered on the given registry.
-        self._prom = None
-        if registry is not None:
-            from faultlens.metrics import ServiceMetrics
-
-            self._prom = registry if isinstance(registry, ServiceMetrics) else ServiceMetrics("stream", registry)
-
-    def consumed(self, kind: str, n: int) -> None:
-        self.messages[kind] += n
-        if self._prom:
-            self._prom.messages_consumed.labels(topic=kind).inc(n)
-
-    def committed(self, rows: dict[str, int], dead: Counter[str]) -> None:
-        self.commits += 1
-        self.last_commit_at = time.monotonic()
-        self.rows.update(rows)
-        self.dead_letters.update(dead)
-        if self._prom:
-            for t, n in rows.items():
-                self._prom.rows_written.labels(table=t).inc(n)
-            for r, n in dead.items():
-                self._prom.dead_letters.labels(topic="*", reason=r).inc(n)
-
-    def decoded(self, kind: str, quarantine: list[schema.Quarantine], unknown: dict[str, int]) -> None:
-        """Fields the decoder nulled (by kind, field, reason) and unknown keys it ignored, as committed."""
-        for q in quarantine:
-            self.quarantined[(kind, q.field, q.reason)] += 1
-        for key, n in unknown.items():
-            self.unknown_fields[(kind, key)] += n
-        if self._prom:
-            for q in quarantine:
-                self._prom.fields_quarantined.labels(topic=kind, field=q.field, reason=q.reason).inc()
-            for key, n in unknown.items():
-                self._prom.unknown_fields.labels(topic=kind, field=key).inc(n)
-
-    def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
-        self.lag = lag
-        if self._prom:
-            for (t, p), n in lag.items():
-                self._prom.consumer_lag.labels(topic=t, partition=str(p)).set(n)
-
-    @property
-    def total_lag(self) -> int:
-        return sum(self.lag.values())
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "messages": dict(self.messages),
-            "rows": dict(self.rows),
-            "dead_letters": dict(self.dead_letters),
-            "quarantined": sum(self.quarantined.values()),
-            "lag": self.total_lag,
-            "commits": self.commits,
-            "orphans_deleted": self.orphans_deleted,
-            "uptime_s": round(time.monotonic() - self.started, 1),
-        }
 
 
 # --------------------------------------------------------------------------- the processor
