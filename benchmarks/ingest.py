@@ -10,9 +10,13 @@ we measure
 * the bare confluent-kafka (librdkafka) consume rate, when it is installed,
 * the stream processor's broker -> lake rate (the one decoder with its
   tolerance path on, Arrow, Parquet files, rollups, manifest commit), from its
-  partition assignment to its last commit,
+  partition assignment to its last commit, fetching with kafka-python and, when
+  confluent-kafka is installed, again fetching with confluent-kafka
+  (stream/fetch.py),
 
-and print each, the ratio lake / bare kafka-python per round and its median,
+and print each, the ratio lake / bare kafka-python per round and its median
+(for each fetcher; the headline is the processor as deployed: confluent-kafka
+when installed),
 the CPU time per message, and the peak RSS of this process. Messages are built
 and produced (lz4) by a child process before anything is consumed, so neither
 the producer's CPU nor its memory counts here.
@@ -28,6 +32,7 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
 import random
 import resource
 import shutil
@@ -134,10 +139,11 @@ def bare_confluent(bus: BusConfig, n: int) -> tuple[float, float] | None:
     return elapsed, cpu
 
 
-def run_processor(bus: BusConfig, work: Path, group: str) -> tuple[float, float, float, int, int]:
+def run_processor(bus: BusConfig, work: Path, group: str, fetcher: str = "kafka") -> tuple[float, float, float, int, int]:
     """(seconds from partition assignment to the last commit, process CPU s, poll-thread CPU s, commits, gpu rows)."""
     config = Config(bus=bus, lake=LakeConfig(path=str(work / "lake"), catalog_path=str(work / "catalog.duckdb")))
-    proc = StreamProcessor(config, kinds=["gpu"], group_id=group)  # the deployed defaults (LakeConfig)
+    # The deployed defaults (LakeConfig); only the Kafka client differs.
+    proc = StreamProcessor(config, kinds=["gpu"], group_id=group, fetcher=fetcher)
     cpu = time.process_time()
     stats = proc.run(exit_when_idle_s=1.5)
     cpu = time.process_time() - cpu
@@ -160,11 +166,15 @@ def main() -> int:
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="faultlens-bench-ingest-"))
     bare_rates, lake_rates, ratios, confluent_rates, rows_ok = [], [], [], [], True
+    lake_kp_rates: list[float] = []  # the processor fetching with kafka-python
+    lake_ck_rates: list[float] = []  # ... with confluent-kafka (when installed)
+    loads: list[float] = []
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="bench")
         ensure_topics(bus)
         produce_s, payload_mb = _produce_in_child(bus, n, args.nodes, args.wire)
         for r in range(args.rounds):
+            loads.append(os.getloadavg()[0])
             bare_s, bare_cpu = bare_consume(bus, n)
             conf = bare_confluent(bus, n)
             if conf is not None:
@@ -172,12 +182,22 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             lake_s, lake_cpu, poll_cpu, commits, rows = run_processor(bus, work, f"bench-ingest-{r}")
             rows_ok &= rows == n * GPUS_PER_NODE
+            lake_kp_rates.append(n / lake_s)
+            if conf is not None:
+                shutil.rmtree(work, ignore_errors=True)
+                ck_s, ck_cpu, ck_poll, ck_commits, ck_rows = run_processor(bus, work, f"bench-ingest-ck-{r}", "confluent")
+                rows_ok &= ck_rows == n * GPUS_PER_NODE
+                lake_ck_rates.append(n / ck_s)
+                # The headline is the processor as deployed: confluent-kafka where it is installed.
+                lake_s, lake_cpu, poll_cpu, commits, rows = ck_s, ck_cpu, ck_poll, ck_commits, ck_rows
             bare_rates.append(n / bare_s)
             lake_rates.append(n / lake_s)
             ratios.append(lake_rates[-1] / bare_rates[-1])
             conf_txt = f", confluent-kafka {confluent_rates[-1]:,.0f} msg/s" if conf is not None else ""
-            print(f"round {r + 1}: bare kafka-python {bare_rates[-1]:,.0f} msg/s{conf_txt}, "
-                  f"lake {lake_rates[-1]:,.0f} msg/s, ratio {ratios[-1]:.2f}")
+            ck_txt = f", lake (confluent) {lake_ck_rates[-1]:,.0f} msg/s" if conf is not None else ""
+            print(f"round {r + 1} (load {loads[-1]:.1f}): bare kafka-python {bare_rates[-1]:,.0f} msg/s{conf_txt}, "
+                  f"lake (kafka-python) {lake_kp_rates[-1]:,.0f} msg/s{ck_txt}; "
+                  f"ratio {ratios[-1]:.2f}", flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -194,10 +214,19 @@ def main() -> int:
     print(f"{'bare kafka-python consume':<38}{bare_rate:>12,.0f} msg/s   CPU {bare_cpu * us:5.1f} us/msg")
     if confluent_rates:
         print(f"{'bare confluent-kafka consume (median)':<38}{statistics.median(confluent_rates):>12,.0f} msg/s")
-    print(f"{'processor broker -> lake':<38}{lake_rate:>12,.0f} msg/s   CPU {lake_cpu * us:5.1f} us/msg "
+    kp_ratios = [k / b for k, b in zip(lake_kp_rates, bare_rates, strict=True)]
+    print(f"{'processor, kafka-python fetch (median)':<38}{statistics.median(lake_kp_rates):>12,.0f} msg/s   "
+          f"ratio {statistics.median(kp_ratios):.2f}")
+    if lake_ck_rates:
+        ck_ratios = [k / b for k, b in zip(lake_ck_rates, confluent_rates, strict=True)]
+        print(f"{'processor, confluent fetch (median)':<38}{statistics.median(lake_ck_rates):>12,.0f} msg/s   "
+              f"ratio to bare confluent {statistics.median(ck_ratios):.2f}")
+    fetch = "confluent-kafka" if lake_ck_rates else "kafka-python"
+    print(f"{'processor broker -> lake (' + fetch + ')':<38}{lake_rate:>12,.0f} msg/s   CPU {lake_cpu * us:5.1f} us/msg "
           f"(poll thread {poll_cpu * us:.1f})")
     print(f"{'  = GPU samples into the lake':<38}{lake_rate * GPUS_PER_NODE:>12,.0f} /s")
-    print(f"{'ratio lake / bare consume (median)':<38}{ratio:>14.2f}   rounds: {', '.join(f'{x:.2f}' for x in ratios)}")
+    print(f"{'ratio lake / bare kafka-python (median)':<38}{ratio:>14.2f}   rounds: {', '.join(f'{x:.2f}' for x in ratios)}")
+    print(f"{'load average (1 min) at each round':<38}{'':>8}{', '.join(f'{x:.1f}' for x in loads)}  ({os.cpu_count()} CPUs)")
     print(f"{'  2-core bound from CPU time':<38}{bound_2core:>12,.0f} msg/s   (an idle machine; ratio {bound_2core / (1e6 / (bare_cpu * us)):.2f})")
     print(f"{'rows in the lake (gpu)':<38}{rows:>14,}  (expected {n * GPUS_PER_NODE:,})")
     print(f"{'commits':<38}{commits:>14,}")
@@ -214,6 +243,11 @@ def main() -> int:
         "median_ratio_vs_bare_consume": round(statistics.median(ratios), 3),
         "best_ratio_vs_bare_consume": round(max(ratios), 3),
         "confluent_consume_msgs_per_s": round(statistics.median(confluent_rates)) if confluent_rates else None,
+        "processor_fetch": fetch,
+        "lake_kafka_python_msgs_per_s": round(statistics.median(lake_kp_rates)),
+        "ratio_kafka_python_fetch": round(statistics.median(kp_ratios), 3),
+        "lake_confluent_msgs_per_s": round(statistics.median(lake_ck_rates)) if lake_ck_rates else None,
+        "load_avg_1m": [round(x, 2) for x in loads],
         "wire": args.wire,
         "cpu_us_per_msg": round(lake_cpu * us, 1),
         "bare_cpu_us_per_msg": round(bare_cpu * us, 1),

@@ -7,7 +7,8 @@ reader (``from_obj``) and the agent's own steps lines.
 
 Tolerant by field, strict by identity (DESIGN.md):
 
-* A value is read through one coercion table (stream/coercion.toml): NVML's
+* A value is read through one coercion table (stream/coercion.py, its words in
+  stream/coercion.toml): NVML's
   0/1 and nvidia-smi's ``Yes``/``No`` for booleans, numeric strings (with the
   field's unit: ``"72 C"``, ``"412.35 W"``), hex strings for bit masks,
   integral floats for counters. ``N/A``, ``[Not Supported]``, NaN, Infinity
@@ -34,21 +35,36 @@ MessagePack map marker is read as MessagePack too: JSON text never starts so.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-import re
 import sys
-import tomllib
 from array import array
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from faultlens.errors import SchemaError
 from faultlens.stream import schema
+from faultlens.stream.coercion import (  # noqa: F401 - the table's names are part of the decoder's API
+    FALSE_WORDS,
+    ISSUE_VALUE_MAX,
+    NONFINITE_FIELDS,
+    NULL_WORDS,
+    TRUE_WORDS,
+    UNITS,
+    UNKNOWN_FIELD,
+    Bad,
+    FieldIssue,
+    to_bool,
+    to_dict,
+    to_float,
+    to_int,
+    to_list,
+    to_str,
+    to_ts,
+)
+from faultlens.stream.coercion import text_of as _text
 from faultlens.stream.schema import GpuSample, GpuState
 
 JSON_TYPE = "application/json"
@@ -56,174 +72,9 @@ MSGPACK_TYPE = "application/msgpack"
 CONTENT_TYPE_HEADER = "content-type"
 # Kinds faultlens's agent sends as MessagePack (high volume); any other kind is JSON.
 MSGPACK_KINDS = frozenset({"gpu", "steps"})
-ISSUE_VALUE_MAX = 200  # characters of a bad value kept in a FieldIssue
-
-_TABLE = tomllib.loads((Path(__file__).with_name("coercion.toml")).read_text())
-TRUE_WORDS = frozenset(_TABLE["booleans"]["true"])
-FALSE_WORDS = frozenset(_TABLE["booleans"]["false"])
-NULL_WORDS: dict[str, str] = dict(_TABLE["nulls"])
-UNITS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in _TABLE["units"].items()}
-NONFINITE_FIELDS = frozenset(_TABLE["nonfinite_values"]["fields"])
-NONFINITE_WORDS: dict[str, float] = {k: float(v) for k, v in _TABLE["nonfinite_values"]["words"].items()}
-_NUMBER_UNIT = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)$")
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class FieldIssue:
-    """One field the decoder could not read as declared (nulled), or an unknown key."""
-
-    field: str  # "gpus.temp_c", "duration_s", ...
-    reason: str  # not_available, not_supported, nan, infinity, bad_type, bad_unit, out_of_range, unknown_field ...
-    value: str  # the value as JSON text, truncated
-
-
-UNKNOWN_FIELD = "unknown_field"
-
-
-class _Bad(Exception):
-    """A value a field cannot hold: the field becomes null, with this reason."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    try:
-        out = msgspec.json.encode(value).decode()
-    except (TypeError, msgspec.EncodeError, ValueError):
-        out = repr(value)
-    return out[:ISSUE_VALUE_MAX]
-
-
-# --------------------------------------------------------------------------- the coercion table
-
-
-def _word(value: str) -> str:
-    return value.strip().lower()
-
-
-def _number(value: str, name: str) -> float:
-    """A numeric string, with the field's unit if it carries one ("412.35 W")."""
-    w = _word(value)
-    if w in NULL_WORDS:
-        raise _Bad(NULL_WORDS[w])
-    m = _NUMBER_UNIT.match(value.strip())
-    if m is None:
-        raise _Bad("bad_type")
-    unit = m.group(2).lower()
-    if unit and unit not in UNITS.get(name, ()):
-        raise _Bad("bad_unit")
-    return float(m.group(1)) if any(c in m.group(1) for c in ".eE") else int(m.group(1))
-
-
-def to_float(value: Any, name: str) -> float:
-    """A float field's value per the table; raises _Bad(reason)."""
-    if isinstance(value, bool):
-        raise _Bad("bad_type")
-    if name in NONFINITE_FIELDS:  # NaN / Infinity is the measurement here (coercion.toml)
-        if isinstance(value, float) and not math.isfinite(value):
-            return value
-        if isinstance(value, str) and _word(value) in NONFINITE_WORDS:
-            return NONFINITE_WORDS[_word(value)]
-    if isinstance(value, str):
-        value = _number(value, name)
-    if isinstance(value, int):
-        return float(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            raise _Bad("nan")
-        if math.isinf(value):
-            raise _Bad("infinity")
-        return value
-    raise _Bad("bad_type")
-
-
-def to_int(value: Any, name: str) -> int:
-    """An integer field's value per the table (integral floats, hex masks); raises _Bad(reason)."""
-    if isinstance(value, bool):
-        raise _Bad("bad_type")
-    if isinstance(value, str):
-        w = _word(value)
-        if w.startswith(("0x", "-0x")):
-            try:
-                value = int(w, 16)
-            except ValueError:
-                raise _Bad("bad_type") from None
-        else:
-            value = _number(value, name)
-    if isinstance(value, float):
-        if math.isnan(value):
-            raise _Bad("nan")
-        if math.isinf(value):
-            raise _Bad("infinity")
-        if not value.is_integer():
-            raise _Bad("not_integral")
-        value = int(value)
-    if isinstance(value, int):
-        if not _INT64[0] <= value <= _INT64[1]:
-            raise _Bad("out_of_range")
-        return value
-    raise _Bad("bad_type")
-
-
-def to_bool(value: Any, name: str) -> bool:
-    """A boolean field's value per the table (0/1, "Yes"/"No", "Enabled"...); raises _Bad(reason)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value != 0  # NVML's flags are unsigned ints: nonzero is set
-    if isinstance(value, float):
-        if value in (0.0, 1.0):
-            return value == 1.0
-        raise _Bad("nan" if math.isnan(value) else "bad_type")
-    if isinstance(value, str):
-        w = _word(value)
-        if w in TRUE_WORDS:
-            return True
-        if w in FALSE_WORDS:
-            return False
-        if w in NULL_WORDS:
-            raise _Bad(NULL_WORDS[w])
-    raise _Bad("bad_type")
-
-
-def to_str(value: Any, name: str) -> str:
-    """A string field: strings as they are, a number as its text (a node named 17)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return str(value)
-    raise _Bad("bad_type")
-
-
-def to_ts(value: Any, name: str) -> float:
-    """A time: unix seconds (number or numeric string) or an ISO-8601 string ("...Z")."""
-    if isinstance(value, str) and ("-" in value[1:] or "T" in value):
-        try:
-            t = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise _Bad("bad_type") from None
-        return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
-    return to_float(value, name)
-
-
-def _to_list(value: Any, name: str) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    raise _Bad("bad_type")
-
-
-def _to_dict(value: Any, name: str) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    raise _Bad("bad_type")
-
 
 _LITTLE = array("d").itemsize == 8 and array("q").itemsize == 8 and sys.byteorder == "little"
-_COERCE = {float: to_float, int: to_int, bool: to_bool, str: to_str, list: _to_list, dict: _to_dict}
+_COERCE = {float: to_float, int: to_int, bool: to_bool, str: to_str, list: to_list, dict: to_dict}
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +98,7 @@ def _plan(cls: type) -> tuple[_Field, ...]:
         for name in schema.field_names(cls):
             base, optional = schema._base_type(hints[name])
             origin = getattr(base, "__origin__", None) or base
-            coerce = to_ts if name == "ts" else _COERCE.get(origin, _to_list)
+            coerce = to_ts if name == "ts" else _COERCE.get(origin, to_list)
             default = defaults[name]
             out.append(_Field(name, coerce, optional, default is msgspec.NODEFAULT, default))
         plan = _PLANS[cls] = tuple(out)
@@ -265,7 +116,7 @@ def _version(obj: dict[str, Any], kind: str) -> None:
     if type(v) is not int:
         try:
             v = to_int(v, "v")
-        except _Bad:
+        except Bad:
             raise SchemaError("unknown_version", kind=kind, detail=f"v={_text(v)}") from None
     if v not in schema.READABLE_VERSIONS:
         raise SchemaError("unknown_version", kind=kind, detail=f"v={v!r}")
@@ -296,8 +147,8 @@ def _tolerant(cls: type, kind: str, obj: dict[str, Any], issues: list[FieldIssue
         try:
             kwargs[f.name] = f.coerce(value, f.name)
             if f.required and f.name == "ts" and not math.isfinite(kwargs["ts"]):
-                raise _Bad("nan")
-        except _Bad as bad:
+                raise Bad("nan")
+        except Bad as bad:
             if f.required:
                 raise SchemaError("bad_type", kind=kind, detail=f"{prefix}{f.name}: {bad.reason}: {_text(value)}") from None
             if issues is not None:
@@ -419,7 +270,7 @@ def _parse_json(payload: bytes | str, kind: str) -> Any:
     """Untyped JSON, accepting NaN/Infinity (Python's json writes them) as a last resort."""
     try:
         return msgspec.json.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: deep nesting
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         first = exc
     try:
         text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray, memoryview)) else payload
@@ -441,7 +292,7 @@ def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None 
         return _decode_msgpack(kind, payload, issues)
     try:
         record = json_decoder(kind).decode(payload)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         pass
     else:
         return _check(record, kind)
@@ -453,7 +304,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
         raise SchemaError("malformed_msgpack", kind=kind, detail="text is not MessagePack")
     try:
         obj = _ANY_MSGPACK.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         obj = columns_to_obj(obj, kind)

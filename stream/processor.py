@@ -24,6 +24,18 @@ restart) or uncommitted files (deleted, re-read on restart).
 Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
 table (exactly once, like any row) and are sent to the deadletter topic
 (at least once: a crash after the send and before the commit sends again).
+
+Why not stream/consume.py's ``ConsumeLoop`` (the loop of every other service):
+that loop's commit point is a Kafka offset commit after each batch's effects,
+on the polling thread. Here the commit point is the lake's manifest, offsets
+live there (not in Kafka), partitions are placed by a seek on assignment, and
+the write of one buffer overlaps the polling and decoding of the next (one
+commit thread). On the loop, every batch would wait for its Parquet write and a
+synchronous Kafka commit, and each record would become a ``bus.Message`` first;
+the ingest rate is bounded by the polling thread already (benchmarks/ingest.py),
+so both cost throughput directly. What the two share (decode -> dead letter,
+the content-type header, shutdown by ``stop()``) is in stream/decode_arrow.py
+and stream/fetch.py.
 """
 
 from __future__ import annotations
@@ -41,13 +53,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from kafka import ConsumerRebalanceListener
 
 from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, schema, topics
+from faultlens.stream.fetch import Fetcher, Key, open_fetcher
 from faultlens.stream.lake import LakeWriter
+from faultlens.stream.processor_stats import ProcessorStats
 
 log = logging.getLogger(__name__)
 
@@ -80,107 +93,12 @@ decode_batch = decode_arrow.decode_batch
 Decoded = decode_arrow.Decoded
 
 
-# --------------------------------------------------------------------------- stats
-
-
-class ProcessorStats:
-    """Counters of one processor; mirrored to Prometheus when a registry is given.
-
-    No process-wide registry: pass ``prometheus_client.CollectorRegistry()``.
-    """
-
-    def __init__(self, registry: Any = None):
-        self.messages: Counter[str] = Counter()  # kind -> messages consumed
-        self.rows: Counter[str] = Counter()  # lake table -> rows committed
-        self.dead_letters: Counter[str] = Counter()  # reason -> messages
-        self.quarantined: Counter[tuple[str, str, str]] = Counter()  # (kind, field, reason) -> fields nulled
-        self.unknown_fields: Counter[tuple[str, str]] = Counter()  # (kind, key) -> messages with it
-        self.lag: dict[tuple[str, int], int] = {}
-        self.commits = 0
-        self.orphans_deleted = 0
-        self.started = time.monotonic()
-        self.assigned_at: float | None = None  # monotonic time of the first partition assignment
-        self.first_message_at: float | None = None  # monotonic time the first message was polled
-        self.last_commit_at: float | None = None
-        self.poll_thread_cpu_s = 0.0  # CPU time of the thread that polls (kafka-python parsing)
-        # Prometheus: the shared families of faultlens.metrics.ServiceMetrics (the names the
-        # shipped alert rules use), registered on the given registry.
-        self._prom = None
-        if registry is not None:
-            from faultlens.metrics import ServiceMetrics
-
-            self._prom = registry if isinstance(registry, ServiceMetrics) else ServiceMetrics("stream", registry)
-
-    def consumed(self, kind: str, n: int) -> None:
-        self.messages[kind] += n
-        if self._prom:
-            self._prom.messages_consumed.labels(topic=kind).inc(n)
-
-    def committed(self, rows: dict[str, int], dead: Counter[str]) -> None:
-        self.commits += 1
-        self.last_commit_at = time.monotonic()
-        self.rows.update(rows)
-        self.dead_letters.update(dead)
-        if self._prom:
-            for t, n in rows.items():
-                self._prom.rows_written.labels(table=t).inc(n)
-            for r, n in dead.items():
-                self._prom.dead_letters.labels(topic="*", reason=r).inc(n)
-
-    def decoded(self, kind: str, quarantine: list[schema.Quarantine], unknown: dict[str, int]) -> None:
-        """Fields the decoder nulled (by kind, field, reason) and unknown keys it ignored, as committed."""
-        for q in quarantine:
-            self.quarantined[(kind, q.field, q.reason)] += 1
-        for key, n in unknown.items():
-            self.unknown_fields[(kind, key)] += n
-        if self._prom:
-            for q in quarantine:
-                self._prom.fields_quarantined.labels(topic=kind, field=q.field, reason=q.reason).inc()
-            for key, n in unknown.items():
-                self._prom.unknown_fields.labels(topic=kind, field=key).inc(n)
-
-    def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
-        self.lag = lag
-        if self._prom:
-            for (t, p), n in lag.items():
-                self._prom.consumer_lag.labels(topic=t, partition=str(p)).set(n)
-
-    @property
-    def total_lag(self) -> int:
-        return sum(self.lag.values())
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "messages": dict(self.messages),
-            "rows": dict(self.rows),
-            "dead_letters": dict(self.dead_letters),
-            "quarantined": sum(self.quarantined.values()),
-            "lag": self.total_lag,
-            "commits": self.commits,
-            "orphans_deleted": self.orphans_deleted,
-            "uptime_s": round(time.monotonic() - self.started, 1),
-        }
-
-
 # --------------------------------------------------------------------------- the processor
 
 
 def wait_for(fut: Future[Any]) -> None:
     """Wait for a future without raising (its error surfaces where its result is used)."""
     fut.exception()
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    """kafka-python's rebalance callbacks -> the processor."""
-
-    def __init__(self, proc: StreamProcessor):
-        self.proc = proc
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.proc._on_revoked(revoked)
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self.proc._on_assigned(assigned)
 
 
 @dataclass
@@ -222,6 +140,7 @@ class StreamProcessor:
         consumer_overrides: dict[str, Any] | None = None,
         decode_threads: int | None = None,
         max_decoding_messages: int = 20_000,
+        fetcher: str = "kafka",
     ):
         self.config = config
         self.bus = config.bus
@@ -235,6 +154,7 @@ class StreamProcessor:
         self.rollups = rollups
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
+        self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka): stream/fetch.py
         self.max_decoding_messages = max_decoding_messages
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
@@ -250,7 +170,7 @@ class StreamProcessor:
         # One thread: commits happen in the order of their flushes.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="faultlens-commit")
         self._commit_running: Future[None] | None = None
-        self._consumer: Any = None
+        self._fetch: Fetcher | None = None
         self._producer: Any = None
         self._assigned: set[tuple[str, int]] = set()
         self._ever_assigned = False
@@ -270,26 +190,26 @@ class StreamProcessor:
         self._stop.set()
 
     def _connect(self) -> None:
-        from faultlens.stream.bus import Consumer, Producer, ensure_topics
+        from faultlens.stream.bus import Producer, ensure_topics
 
         ensure_topics(self.bus, self.bootstrap)
-        if not CHECK_CRCS:
+        if not CHECK_CRCS and self.fetcher_backend == "kafka":
             log.info("no C crc32c module: record-batch CRC checks are off (pip install crc32c turns them on)")
-        overrides = {"check_crcs": CHECK_CRCS, "max_poll_records": 50_000, "fetch_min_bytes": 1 << 20, "fetch_max_wait_ms": 100}
-        overrides.update(self.consumer_overrides)
-        self._consumer = Consumer(
-            self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap, listener=_Rebalance(self), **overrides
+        self._fetch = open_fetcher(
+            self.fetcher_backend, self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap,
+            on_assigned=self._on_assigned, on_revoked=self._on_revoked,
+            check_crcs=CHECK_CRCS or self.fetcher_backend == "confluent", overrides=self.consumer_overrides,
         )
         self._producer = Producer(self.bus, self.bootstrap)
 
     def close(self) -> None:
-        for closer in (self._consumer, self._producer):
+        for closer in (self._fetch, self._producer):
             if closer is not None:
                 try:
                     closer.close()
                 except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask it
                     log.warning("closing %s: %s", type(closer).__name__, exc)
-        self._consumer = self._producer = None
+        self._fetch = self._producer = None
         self._committer.shutdown(wait=True)
         self._decoder.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
@@ -303,17 +223,16 @@ class StreamProcessor:
         poll_timeout_ms: int = 200,
     ) -> ProcessorStats:
         """Consume until ``stop()``, or idle for ``exit_when_idle_s`` after the first assignment."""
-        from kafka.errors import KafkaError
-
         self._connect()
+        assert self._fetch is not None
         start = time.monotonic()
         cpu_start = time.thread_time()
         last_flush = last_lag = time.monotonic()
         try:
             while not self._stop.is_set():
                 try:
-                    batch = self._consumer.raw.poll(timeout_ms=poll_timeout_ms, max_records=50_000)
-                except KafkaError as exc:  # the broker went away: keep trying, kafka-python reconnects
+                    batch = self._fetch.poll(poll_timeout_ms, 50_000)
+                except BusError as exc:  # the broker went away: keep trying, the client reconnects
                     log.warning("poll failed (%s); retrying", exc)
                     time.sleep(0.5)
                     continue
@@ -322,8 +241,8 @@ class StreamProcessor:
                 with self._lock:
                     if batch:
                         self.last_message_at = now
-                        for tp, records in batch.items():
-                            self._add(tp.topic, tp.partition, records)
+                        for (topic, partition), records in batch.items():
+                            self._add(topic, partition, records)
                     age = now - last_flush
                     # Flush on size, on age, or when caught up (an empty poll): waiting
                     # longer then would only delay the rows, not make bigger files.
@@ -491,7 +410,7 @@ class StreamProcessor:
 
     # -- rebalancing
 
-    def _on_revoked(self, revoked: Any) -> None:
+    def _on_revoked(self, revoked: list[Key]) -> None:
         log.info("partitions revoked: %d", len(revoked))
         with self._lock:
             try:
@@ -499,32 +418,30 @@ class StreamProcessor:
             except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
                 log.exception("flushing before a rebalance failed")
                 self._fatal = self._fatal or exc
-            for tp in revoked:
-                self._assigned.discard((tp.topic, tp.partition))
-                self._next_offset.pop((tp.topic, tp.partition), None)
+            for key in revoked:
+                self._assigned.discard(key)
+                self._next_offset.pop(key, None)
 
-    def _on_assigned(self, assigned: Any) -> None:
-        # Runs on kafka-python's IO thread: local work only (files, DuckDB, seek),
-        # no blocking consumer calls.
+    def _on_assigned(self, assigned: list[Key]) -> dict[Key, int | None]:
+        """The next offset of each assigned partition (None: from the beginning); the fetcher seeks there.
+
+        May run on the client's IO thread (kafka-python): local work only (files,
+        DuckDB), no blocking consumer calls.
+        """
         with self._lock:
-            self._prepare_assigned(assigned)
+            return self._prepare_assigned(assigned)
 
-    def _prepare_assigned(self, assigned: Any) -> None:
+    def _prepare_assigned(self, assigned: list[Key]) -> dict[Key, int | None]:
+        out: dict[Key, int | None] = {}
         try:
             self.flush(confirm_dead_letters=False)  # nothing should be pending; be sure
-            owned = {(topics.kind_of(tp.topic, self.bus.topic_prefix), tp.partition) for tp in assigned}
+            owned = {(topics.kind_of(topic, self.bus.topic_prefix), partition) for topic, partition in assigned}
             self.catalog.sync_from_lake()
             self.stats.orphans_deleted += self.delete_orphans(owned)
             positions = self.catalog.next_offsets()
-            consumer = self._consumer.raw
-            for tp in assigned:
-                pos = positions.get((tp.topic, tp.partition))
-                if pos is None:
-                    consumer.seek_to_beginning(tp)
-                else:
-                    consumer.seek(tp, pos)
-                self._next_offset[(tp.topic, tp.partition)] = pos
-                self._assigned.add((tp.topic, tp.partition))
+            for key in assigned:
+                out[key] = self._next_offset[key] = positions.get(key)
+                self._assigned.add(key)
             self._ever_assigned = True
             self.last_message_at = time.monotonic()  # idle time counts from here, not from start-up
             if self.stats.assigned_at is None:
@@ -533,6 +450,7 @@ class StreamProcessor:
         except Exception as exc:  # noqa: BLE001 - kafka-python would only log it; we must stop
             log.exception("preparing assigned partitions failed")
             self._fatal = self._fatal or exc
+        return out
 
     def delete_orphans(self, owned: set[tuple[str, int]]) -> int:
         """Delete files of ``owned`` (kind, partition)s that no manifest names: a crash's leftovers."""
@@ -553,13 +471,12 @@ class StreamProcessor:
         return deleted
 
     def _update_lag(self) -> None:
-        consumer = self._consumer.raw
+        if self._fetch is None:
+            return
         try:
-            parts = list(consumer.assignment())
-            if not parts:
-                return
-            ends = consumer.end_offsets(parts)
-            self.stats.set_lag({(tp.topic, tp.partition): max(0, ends[tp] - consumer.position(tp)) for tp in parts if tp in ends})
+            lag = self._fetch.lag()
+            if lag:
+                self.stats.set_lag(lag)
         except Exception as exc:  # noqa: BLE001 - lag is a metric; never stop ingest for it
             log.debug("lag update failed: %s", exc)
 

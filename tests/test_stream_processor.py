@@ -70,7 +70,21 @@ def config_for(bus: BusConfig, tmp_path: Path) -> Config:
                                            group_id=f"{bus.topic_prefix}-stream", flush_interval_s=0.5))  # fmt: skip
 
 
-def test_n_mixed_messages_become_exactly_n_rows_and_bad_ones_dead_letters(bus, tmp_path) -> None:
+def _have_confluent() -> bool:
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Both Kafka clients the processor can fetch with (stream/fetch.py); confluent-kafka is optional.
+FETCHERS = ["kafka", pytest.param("confluent", marks=pytest.mark.skipif(not _have_confluent(),
+                                                                          reason="confluent-kafka not installed"))]
+
+
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_n_mixed_messages_become_exactly_n_rows_and_bad_ones_dead_letters(bus, tmp_path, fetcher) -> None:
     ensure_topics(bus)
     records = mixed_records(600)
     produce(bus, records[:300])
@@ -82,7 +96,7 @@ def test_n_mixed_messages_become_exactly_n_rows_and_bad_ones_dead_letters(bus, t
         p.flush()
     produce(bus, records[300:])  # good messages after the bad ones still land
 
-    proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3)
+    proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, fetcher=fetcher)
     stats = proc.run(exit_when_idle_s=2.0, max_runtime_s=60)
 
     want = expected_rows(records)
@@ -102,6 +116,20 @@ def test_n_mixed_messages_become_exactly_n_rows_and_bad_ones_dead_letters(bus, t
         got_dl += dl.poll(300)
     dl.close()
     assert sorted(schema.decode("deadletter", m.value).reason for m in got_dl) == ["malformed_json", "oversized", "unknown_version"]
+
+
+@pytest.mark.parametrize("fetcher", FETCHERS)
+def test_a_restarted_processor_resumes_after_its_last_commit(bus, tmp_path, fetcher) -> None:
+    """The next processor seeks each partition to the lake's last committed offset + 1 (not Kafka's)."""
+    ensure_topics(bus)
+    records = mixed_records(400)
+    produce(bus, records[:200])
+    StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, fetcher=fetcher).run(exit_when_idle_s=1.5, max_runtime_s=60)
+    produce(bus, records[200:])
+    StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, fetcher=fetcher).run(exit_when_idle_s=1.5, max_runtime_s=60)
+    want = expected_rows(records)
+    got = lake_counts(tmp_path / "lake")
+    assert {t: got[t] for t in want} == {t: (n, n) for t, n in want.items()}
 
 
 def _start_processor(bus: BusConfig, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
