@@ -211,7 +211,7 @@ def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None =
                 try:
                     out.append(decode.decode(kind, line, issues=issues))
                 except SchemaError as exc:
-                    bad(path, no, str(exc), line)
+                    bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line)
                 except Exception as exc:  # noqa: BLE001 - the decoder must not stop the directory
                     bad(path, no, reason_of(exc), line)
                 if issues and quarantine is not None:
