@@ -171,7 +171,7 @@ def _batch(root: Path, lines: list[bytes]) -> tuple[list[dict], list[tuple[int, 
     (root / "nodes" / "n001" / "gpu.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     b = read_batch_dir(root)
     rows = pa.Table.from_pylist([r for s in b.gpu for r in schema.lake_row(s)], schema=schema.lake_schema("gpu"))
-    dead = [(int(m[1]), m[2]) for m in (re.match(r".*gpu\.jsonl:(\d+): gpu: (\w+)", e) for e in b.errors) if m]
+    dead = [(int(m[1]), m[2]) for m in (re.match(r".*gpu\.jsonl:(\d+): (?:gpu: )?(\w+)", e) for e in b.errors) if m]
     assert len(dead) == len(b.errors), b.errors
     quarantine = [(int(m[1]), m[2], m[3]) for m in (re.match(r".*gpu\.jsonl:(\d+): ([\w.]+): (\w+): ", q)
                                                     for q in b.quarantine)]
