@@ -450,7 +450,7 @@ class DiagnosisEngine:
     def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
         """NaN/Inf loss: a machine first (a rank that went bad first, ECC/Xid on a node in the window),
         else stop-time checks on the whole job. Waits ``nan_settle_s`` for every rank's report."""
-        if inc.decided or job is None:
+        if inc.decided or job is None or inc.state.nan_search:
             return
         settle = max(self.steps_cfg["nan_settle_s"], 3.0 * job.progress.median_step_s())
         if not self._final and self.now - inc.opened_ts < settle:
@@ -459,6 +459,12 @@ class DiagnosisEngine:
         culprits, why = nan_culprits(inc, job.nan, job.topology, self.book.incidents.values())
         inc.state.nan_search = "culprit" if culprits else why
         inc.state.waiting = None
+        evicted = self._evicted.get(inc.job, set())
+        if culprits and set(culprits) <= evicted:  # the machine's own incident already evicted it: explained
+            inc.summary = f"NaN/Inf loss explained by the eviction of {', '.join(sorted(culprits))} " \
+                          f"({'; '.join(culprits.values())})"
+            inc.dirty = True
+            return
         self._act(inc, self.policy.decide_nan(inc, culprits, job.nodes))
 
     def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision | Hold:
