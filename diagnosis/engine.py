@@ -37,9 +37,16 @@ from faultlens.diagnosis.modes import BATCH, ONLINE, Mode, output_id
 from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.notes import NOTE, attach_pending, file_note
-from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, load_policy
+from faultlens.diagnosis.policy import (
+    Decision,
+    Hold,
+    Policy,
+    SignalMatcher,
+    load_policy,
+    unmatched_but_actionable,
+)
 from faultlens.diagnosis.progress import JobProgress, check_hang
-from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, nan_culprits
+from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, decide_nan
 from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
@@ -57,7 +64,7 @@ from faultlens.stream.schema import (
     StepTiming,
 )
 from faultlens.stream.topology import Topology
-from faultlens.vocabulary import ActionType, IncidentKind, LineAction, Severity
+from faultlens.vocabulary import ActionType, IncidentKind
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +220,7 @@ class DiagnosisEngine:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
-        if signal is None and finding is not None and _unmatched_but_actionable(record, finding):
+        if signal is None and finding is not None and unmatched_but_actionable(record, finding):
             # A signature no policy signal names: one unclassified incident that takes the signature's own
             # action (route action "signature"), under the route's confidence floor and the guard rails.
             signal = Signal(ts=record.ts, job=job, kind=IncidentKind.UNCLASSIFIED, role="cause",
@@ -290,44 +297,14 @@ class DiagnosisEngine:
         return inc
 
     def _file_jobwide(self, signal: Signal, rule: JobWideRule) -> OpenIncident | None:
-        """A watched host-level signal: into the job's open shared-cause incident, or opening it once most
-        of the job's nodes reported; None when it stays a node's own (the caller files it as usual)."""
+        """A watched host-level signal (diagnosis.jobwide): the shared-cause incident, notified once opened."""
         job = self._jobs.get(signal.job)
-        if job is None or len(job.nodes) < rule.min_nodes or signal.node is None:
+        if job is None:
             return None
-        key = (signal.job, rule.name)
-        open_id = self.jobwide.open_incident.get(key)
-        shared = self.book.incidents.get(open_id) if open_id else None
-        if shared is None or shared.status != "open":
-            nodes = self.jobwide.note(signal.job, rule, signal.ts, signal.node, set(job.nodes))
-            if nodes is None:
-                return None
-        else:
-            nodes = sorted(set(shared.state.affected_nodes) | {signal.node})
-        redirected = Signal(ts=signal.ts, job=signal.job, kind=rule.kind, role="job", confidence=max(0.7, signal.confidence),
-                            rule=f"jobwide:{rule.name}", source=signal.source, text=signal.text, node=signal.node,
-                            rank=signal.rank, category=signal.category, severity=signal.severity,
-                            figures={**signal.figures, "host_signal": signal.kind})
-        inc = self.book.add(redirected)
-        if inc is None:
-            return None
-        inc.state.affected_nodes = sorted(set(inc.state.affected_nodes) | set(nodes))
-        summary = (f"{rule.cause}: {rule.name} on {len(inc.state.affected_nodes)}/{len(job.nodes)} nodes within "
-                   f"{rule.window_s:.0f} s; no machine is at fault")
-        if shared is inc:
-            inc.summary = summary
-            return inc
-        self.jobwide.open_incident[key] = inc.id
-        for other in self.book.open_incidents(signal.job):  # the nodes' own incidents fold into the shared one
-            if other is inc or other.kind not in rule.source_kinds or other.node is None or other.actions:
-                continue
-            other.status, other.state.folded_into, other.dirty = "resolved", inc.id, True
-            other.summary = f"part of the job-wide incident {inc.id} ({rule.cause})"
-            inc.evidence.extend(other.evidence[: max(0, 40 - len(inc.evidence))])
-        inc.summary = summary
-        self.book.promote_cause(inc)
-        self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
-                                f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
+        inc, opened = self.jobwide.file(self.book, signal, rule, job.nodes)
+        if inc is not None and opened:
+            self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
+                                    f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
         return inc
 
     # ------------------------------------------------------------------ time
@@ -434,7 +411,8 @@ class DiagnosisEngine:
         world = job.topology.world_size if job and job.topology else None
         decision: Decision | Hold | None = self.policy.decide(inc, self.now, world_size=world)
         if isinstance(decision, Decision) and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
-            decision = self._adapt_or_evict(inc, decision)
+            decision = adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
+                                      now=self.now, final=self._final)
         if isinstance(decision, Hold):
             inc.state.waiting = decision.reason
             return
@@ -448,23 +426,13 @@ class DiagnosisEngine:
         self._act(inc, decision)
 
     def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
-        """NaN/Inf loss: a machine first (a rank that went bad first, ECC/Xid on a node in the window),
-        else stop-time checks on the whole job. Waits ``nan_settle_s`` for every rank's report."""
-        if inc.decided or job is None:
+        if job is None:
             return
         settle = max(self.steps_cfg["nan_settle_s"], 3.0 * job.progress.median_step_s())
-        if not self._final and self.now - inc.opened_ts < settle:
-            inc.state.waiting = f"waiting {settle:.0f} s for every rank's steps before naming the first"
-            return
-        culprits, why = nan_culprits(inc, job.nan, job.topology, self.book.incidents.values())
-        inc.state.nan_search = "culprit" if culprits else why
-        inc.state.waiting = None
-        self._act(inc, self.policy.decide_nan(inc, culprits, job.nodes))
-
-    def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision | Hold:
-        job = self._jobs.get(inc.job)
-        return adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
-                              now=self.now, final=self._final)
+        decision = decide_nan(inc, job, self.policy, self.book.incidents.values(), self._evicted.get(inc.job, set()),
+                              wait_s=0.0 if self._final else settle - (self.now - inc.opened_ts))
+        if decision is not None:
+            self._act(inc, decision)
 
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
         job = self._jobs.get(inc.job)
@@ -520,19 +488,6 @@ class DiagnosisEngine:
 # Action types that remedy (an incident's summary is the reason of the first one taken).
 _REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
                        ActionType.RUN_DIAGNOSTICS})
-# Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
-_KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
-                                LineAction.RESTART_JOB})
-
-
-def _unmatched_but_actionable(record: KernelEvent | NcclEvent, finding: Finding) -> bool:
-    """A line no policy signal took that still asks for an action: any actionable kernel signature, a
-    critical eviction from an NCCL/torch line."""
-    if isinstance(record, KernelEvent):
-        return finding.action in _KERNEL_ACTIONABLE
-    return finding.severity == Severity.CRITICAL and finding.action == LineAction.EVICT_NODE
-
-
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
     if record.fields.get("ts_estimated"):

@@ -27,7 +27,7 @@ from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
-from faultlens.vocabulary import ActionType, LineAction
+from faultlens.vocabulary import ActionType, LineAction, Severity
 
 # A route's action: an action type, "stacks" (the hang workflow), "none", or "signature": the action
 # of the catalog entry that explained the incident's line (explain's per-line verdict), mapped below.
@@ -150,6 +150,19 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
         except re.error as exc:
             raise CatalogError(str(exc), file=str(path), entry="nan.patterns") from None
     return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
+
+
+# Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
+_KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
+                                LineAction.RESTART_JOB})
+
+
+def unmatched_but_actionable(record: KernelEvent | NcclEvent, finding: Finding) -> bool:
+    """A line no policy signal took that still asks for an action: any actionable kernel signature, a
+    critical eviction from an NCCL/torch line."""
+    if isinstance(record, KernelEvent):
+        return finding.action in _KERNEL_ACTIONABLE
+    return finding.severity == Severity.CRITICAL and finding.action == LineAction.EVICT_NODE
 
 
 class SignalMatcher:

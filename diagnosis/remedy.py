@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from faultlens.config import Config
 from faultlens.diagnosis.incidents import OpenIncident
 from faultlens.diagnosis.nanloss import NanWatch
-from faultlens.diagnosis.policy import Decision, Hold
+from faultlens.diagnosis.policy import Decision, Hold, Policy
 from faultlens.stream.schema import Finding
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType, FaultKind, IncidentKind, LineAction
+
+if TYPE_CHECKING:
+    from faultlens.diagnosis.engine import JobState
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +99,25 @@ def nan_culprits(inc: OpenIncident, nan: NanWatch, topology: Topology | None,
     return culprits, why
 
 
+
+
+def decide_nan(inc: OpenIncident, job: JobState, policy: Policy, incidents: Iterable[OpenIncident],
+               evicted: set[str], *, wait_s: float) -> Decision | None:
+    """NaN/Inf loss: a machine first (a rank that went bad first, ECC/Xid on a node in the window),
+    else stop-time checks on the whole job; never no action. Decides once, after ``wait_s`` more seconds
+    (every rank's report of the step settles); None while waiting, once decided, or when the machine
+    named was already evicted by its own incident (then the summary says so)."""
+    if inc.decided or inc.state.nan_search:
+        return None
+    if wait_s > 0:
+        inc.state.waiting = f"waiting {wait_s:.0f} s more for every rank's steps before naming the first"
+        return None
+    culprits, why = nan_culprits(inc, job.nan, job.topology, incidents)
+    inc.state.nan_search = "culprit" if culprits else why
+    inc.state.waiting = None
+    if culprits and set(culprits) <= evicted:  # the machine's own incident already evicted it: explained
+        inc.summary = f"NaN/Inf loss explained by the eviction of {', '.join(sorted(culprits))} " \
+                      f"({'; '.join(culprits.values())})"
+        inc.dirty = True
+        return None
+    return policy.decide_nan(inc, culprits, job.nodes)

@@ -15,6 +15,8 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine, run_records
 from faultlens.models.classifier import DEFERRED, ClassifierDetector, FaultClassifier
 from faultlens.models.training import Rows, scenario_rows
+from faultlens.vocabulary import Category, LineAction, Severity
+from faultlens.vocabulary import FaultKind as K
 from tests import scengen
 
 
@@ -23,13 +25,13 @@ def torn_model() -> FaultClassifier:
     """Trained where every ECC machine-window appears twice, once as ecc_uncorrectable and once as
     thermal_throttle: on such a window the best it can say is one half each."""
     rows = Rows()
-    for i, kind in enumerate(("healthy", "ecc_uncorrectable") * 3):
+    for i, kind in enumerate((K.HEALTHY, K.ECC_UNCORRECTABLE) * 3):
         sc = scengen.scenario(kind, nodes=4, seed=200 + i, duration_s=900)
         rows.extend(scenario_rows(sc.records, sc.topology, sc.truth))
     X, y = rows.arrays()
-    twice = [i for i, v in enumerate(y) if v == "ecc_uncorrectable"]
+    twice = [i for i, v in enumerate(y) if v == K.ECC_UNCORRECTABLE]
     X = {f: np.concatenate([np.asarray(col), np.asarray(col)[twice]]) for f, col in X.items()}
-    y = list(y) + ["thermal_throttle"] * len(twice)
+    y = list(y) + [K.THERMAL_THROTTLE.value] * len(twice)
     return FaultClassifier(n_estimators=30).fit(X, y)
 
 
@@ -43,12 +45,12 @@ def test_an_unsure_classifier_names_no_fault_but_its_top_guesses(torn_model):
     det = ClassifierDetector(torn_model)
     det.set_topology(sc.topology)
     out = [f for rec in sc.records for f in det.observe(rec)] + det.tick(sc.records[-1].ts + 3600)
-    assert not [f for f in out if f.kind in ("ecc_uncorrectable", "thermal_throttle")]
+    assert not [f for f in out if f.kind in (K.ECC_UNCORRECTABLE, K.THERMAL_THROTTLE)]
     deferred = [f for f in out if f.kind == DEFERRED]
     assert [f.node for f in deferred] == [culprit]
     d = deferred[0]
-    assert (d.category, d.severity, d.action) == ("unknown", "info", "none")
-    assert {k for k, _ in d.figures["top"][:2]} == {"ecc_uncorrectable", "thermal_throttle"}
+    assert (d.category, d.severity, d.action) == (Category.UNKNOWN, Severity.INFO, LineAction.NONE)
+    assert {k for k, _ in d.figures["top"][:2]} == {K.ECC_UNCORRECTABLE, K.THERMAL_THROTTLE}
     assert d.figures["top"][0][1] < 0.6 and "defers to the rules" in d.text
 
 
@@ -64,4 +66,4 @@ def test_the_note_goes_onto_the_rules_incident_and_the_rules_decide(torn_model):
     assert len(notes) == 1 and "classifier is unsure" in notes[0]["text"] and notes[0]["node"] == culprit
     actions = [o for o in outputs if type(o).KIND == "actions"]
     assert [(a.type, a.nodes) for a in actions] == [("evict_nodes", [culprit])]
-    assert not [i for i in engine.incidents() if i.kind in (DEFERRED, "thermal_throttle")]
+    assert not [i for i in engine.incidents() if i.kind in (DEFERRED, K.THERMAL_THROTTLE)]

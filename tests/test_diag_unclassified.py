@@ -86,3 +86,17 @@ def test_the_same_line_twice_is_one_action():
     again = _run("storage-012", engine=engine)[1]
     assert [a.type for a in first if a.type == "evict_nodes"] == ["evict_nodes"]
     assert not [a for a in again if a.type == "evict_nodes"]
+
+
+def test_online_the_signatures_action_goes_out_without_waiting_for_the_end():
+    """Online (no final tick): the XFS shutdown's eviction is decided as the line arrives."""
+    from faultlens.diagnosis.modes import ONLINE
+
+    engine = DiagnosisEngine(Config(), mode=ONLINE)
+    engine.set_topology(JOB)
+    parsed = KernelParser(year=2024, node="gpu-b02").parse(_entry("storage-012")["text"].split("\n"))
+    outputs = []
+    for i, rec in enumerate(parsed):
+        outputs += engine.observe(msgspec.structs.replace(rec, ts=T0 + i))
+    outputs += engine.tick(T0 + 10)
+    assert [(a.type, a.nodes) for a in outputs if type(a).KIND == "actions"][:1] == [("evict_nodes", ["gpu-b02"])]
