@@ -182,6 +182,10 @@ class _Rebalance(ConsumerRebalanceListener):
     def on_partitions_assigned(self, assigned: Any) -> None:
         self.proc._on_assigned(assigned)
 
+    def on_offsets_reset(self, partitions: Any) -> None:
+        """stream.bus: the broker lost these partitions' logs; they are read again from offset 0."""
+        self.proc._on_offsets_reset(partitions)
+
 
 @dataclass
 class _Pending:
@@ -503,6 +507,14 @@ class StreamProcessor:
                 self._assigned.discard((tp.topic, tp.partition))
                 self._next_offset.pop((tp.topic, tp.partition), None)
 
+    def _on_offsets_reset(self, partitions: Any) -> None:
+        # On the poll thread, before the new log's first records are added: commit what
+        # the old log gave, then take offsets from 0 again (no "delivered twice" filter).
+        with self._lock:
+            self.flush(confirm_dead_letters=False)
+            for tp in partitions:
+                self._next_offset.pop((tp.topic, tp.partition), None)
+
     def _on_assigned(self, assigned: Any) -> None:
         # Runs on kafka-python's IO thread: local work only (files, DuckDB, seek),
         # no blocking consumer calls.
@@ -522,7 +534,7 @@ class StreamProcessor:
                 if pos is None:
                     consumer.seek_to_beginning(tp)
                 else:
-                    consumer.seek(tp, pos)
+                    pos = consumer.seek(tp, pos)  # stream.bus: lower if the broker lost the log since
                 self._next_offset[(tp.topic, tp.partition)] = pos
                 self._assigned.add((tp.topic, tp.partition))
             self._ever_assigned = True
