@@ -176,7 +176,7 @@ def lake_figures(lake: Path) -> dict[str, Any]:
         except Exception:  # noqa: BLE001
             out["xid_distinct"] = 0
         try:
-            out["actions"] = [dict(zip(("id", "job", "type"), r))
+            out["actions"] = [dict(zip(("id", "job", "type"), r, strict=True))
                               for r in db.execute("SELECT DISTINCT id, job, type FROM actions").fetchall()]
         except Exception:  # noqa: BLE001
             out["actions"] = []
