@@ -11,6 +11,7 @@ restart is lost.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,5 +71,62 @@ def test_broker_kill_and_restart_under_producer_and_consumer() -> None:
         assert sorted(set(got)) == list(range(400)), f"lost: {sorted(set(range(400)) - set(got))[:20]}"
         producer.close()
         consumer.close()
+    finally:
+        broker.stop()
+
+
+def _lake_rows(lake: Path) -> dict[str, tuple[int, int]]:
+    from tests.test_stream_processor import lake_counts
+
+    return lake_counts(lake) if (lake / "_manifest").exists() else {}
+
+
+def _wait_lake(lake: Path, want: dict[str, int], timeout_s: float = 90.0) -> dict[str, tuple[int, int]]:
+    deadline = time.monotonic() + timeout_s
+    got: dict[str, tuple[int, int]] = {}
+    while time.monotonic() < deadline:
+        got = _lake_rows(lake)
+        if got and all(got[t][0] >= n for t, n in want.items()):
+            return got
+        time.sleep(0.3)
+    return got
+
+
+@pytest.mark.slow
+def test_a_processor_started_after_a_broker_restart_reads_the_new_log_from_its_start(tmp_path: Path) -> None:
+    """Its manifest holds offsets of the lost log, past the end of the new one: it must not wait for them.
+
+    (Tansu answers a fetch past the end with nothing rather than "out of range", so the
+    bus compares the position with the fetches' high watermark.)
+    """
+    import threading
+
+    from faultlens.stream.processor import StreamProcessor
+    from tests.test_stream_processor import config_for, expected_rows, mixed_records, produce
+
+    broker = EmbeddedBroker().start()
+    lake = tmp_path / "lake"
+    try:
+        bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="relog", linger_ms=5)
+        ensure_topics(bus)
+        first, second = mixed_records(600), mixed_records(300, start=600)
+        produce(bus, first)
+        proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3)
+        assert proc.run(exit_when_idle_s=3, max_runtime_s=90) is not None
+        got = _lake_rows(lake)
+        assert {t: got[t] for t in expected_rows(first)} == {t: (n, n) for t, n in expected_rows(first).items()}
+
+        broker.kill()  # its topics, offsets and groups are gone; offsets restart at 0
+        broker.start()
+        ensure_topics(bus)
+        produce(bus, second)  # shorter than the first log on every partition
+        proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3)
+        worker = threading.Thread(target=proc.run, kwargs={"max_runtime_s": 120})
+        worker.start()
+        want = expected_rows(first + second)
+        got = _wait_lake(lake, want, timeout_s=60)
+        proc.stop()
+        worker.join(timeout=60)
+        assert {t: got[t] for t in want} == {t: (n, n) for t, n in want.items()}, "rows lost or doubled"
     finally:
         broker.stop()
