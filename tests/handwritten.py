@@ -147,7 +147,8 @@ def write(spec: Spec, d: Path) -> Path:
                     "retired_pages": "N/A", "remap_pending": 0, "pcie_replay": 0, "nvlink_errors": 0}
                 for hook in spec.gpu_hooks:
                     hook(n, g, t, st)
-                gpus.append(st)
+                if not st.pop("gone", False):  # a GPU NVML no longer lists is left out of the sample
+                    gpus.append(st)
             lines.append(json.dumps({"v": 1, "ts": round(t, 3), "node": n, "gpus": gpus}))
             t += 5.0
         (nd / "gpu.jsonl").write_text("\n".join(lines) + "\n")
@@ -201,6 +202,31 @@ def _hook_dbe(n: str, g: int, t: float, st: dict[str, Any]) -> None:
         st["ecc_dbe"] = 1
 
 
+def _hook_vanish(n: str, g: int, t: float, st: dict[str, Any]) -> None:
+    if n == "gpu-a02" and g == 6 and t > at(180):
+        st["gone"] = True
+
+
+def _hook_nvlink(n: str, g: int, t: float, st: dict[str, Any]) -> None:
+    if n == "gpu-a03" and g == 1 and t > at(150):
+        st["nvlink_errors"] = int((t - at(150)) / 5.0) * 250
+
+
+def _hook_remap_failure(n: str, g: int, t: float, st: dict[str, Any]) -> None:
+    if n == "gpu-a04" and g == 7 and t > at(200):
+        st.update(remap_failure=1, remap_pending=1)
+
+
+def _hook_remap_pending(n: str, g: int, t: float, st: dict[str, Any]) -> None:
+    if n == "gpu-a01" and g == 4 and t > at(200):
+        st["remap_pending"] = "Yes"
+
+
+def _hook_sbe(n: str, g: int, t: float, st: dict[str, Any]) -> None:
+    if n == "gpu-a02" and g == 3 and t > at(100):
+        st["ecc_sbe"] = int((t - at(100)) / 5.0) * 40
+
+
 def scenarios() -> list[Spec]:
     """Every hand-written scenario, with what an operator would accept."""
     ib_errors = [(NODES[2], f"{NODES[2]}:{5000 + r}:{5100 + r} [{r % 8}] transport/net_ib.cc:1696 NCCL WARN NET/IB : "
@@ -252,4 +278,17 @@ def scenarios() -> list[Spec]:
         Spec("failslow_small", Expect(forbid=("evict_nodes", "adapt_parallelism"), text="8% on one rank: no eviction"),
              slow={5: 1.08}, slow_from=150),
         Spec("seq_surge", Expect(nothing=True, text="nothing (long sequences)"), surge=(150, 200)),
+        Spec("gpu_vanished", Expect(any_of=(("evict_nodes", ("gpu-a02",)),), text="evict gpu-a02 (a GPU left the samples)"),
+             stop_at=182, gpu_hooks=[_hook_vanish]),
+        Spec("nvlink_counters", Expect(any_of=(("evict_nodes", ("gpu-a03",)), ("run_diagnostics", ("gpu-a03",))),
+                                       text="gpu-a03 (NVLink errors climbing)"), slow={9: 1.1}, slow_from=150,
+             gpu_hooks=[_hook_nvlink]),
+        Spec("remap_failure_flag", Expect(any_of=(("evict_nodes", ("gpu-a04",)),), text="evict gpu-a04 (remap failure)"),
+             gpu_hooks=[_hook_remap_failure]),
+        Spec("remap_pending_flag", Expect(forbid=("evict_nodes",), text="no eviction (a pending remap wants a reset)"),
+             gpu_hooks=[_hook_remap_pending]),
+        Spec("sbe_storm", Expect(forbid=("evict_nodes",), text="no eviction (correctable errors)"), gpu_hooks=[_hook_sbe]),
+        Spec("fabric_storm", Expect(forbid=("evict_nodes",), text="no eviction (every node's IB link at once)"),
+             stop_at=260, kernel=[(n, at(250) + i * 0.3 + k * 20, f"mlx5_core 0000:0{c}:00.0 ib{c}: Link {'down' if k % 2 == 0 else 'up'}")
+                                  for i, n in enumerate(NODES) for c in range(2) for k in range(4)]),
     ]

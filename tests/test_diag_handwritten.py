@@ -22,7 +22,8 @@ from tests.handwritten import scenarios, write
 CASES = {s.name: s for s in scenarios()}
 
 
-@pytest.mark.parametrize("name", ["user_exception", "nan_culprit", "storage_stall", "hang_silent", "healthy"])
+@pytest.mark.parametrize("name", ["user_exception", "nan_culprit", "storage_stall", "hang_silent", "healthy",
+                                  "gpu_vanished"])
 def test_handwritten_scenario(name: str, tmp_path: Path) -> None:
     spec = CASES[name]
     b = read_batch_dir(write(spec, tmp_path / name))
