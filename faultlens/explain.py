@@ -60,7 +60,9 @@ class ExplainedLine:
 def detect_format(head: list[str]) -> str:
     """kernel | nccl | stack | steps | nvsmi | unknown, from the first lines of a file."""
     text = "\n".join(head)
-    if looks_like_pyspy(text) and not _NCCL_HINT.search(text):
+    # A py-spy dump's frames may name NCCL (``--native``: ncclGroupEnd, ProcessGroupNCCL::allreduce):
+    # only NCCL words outside its indented frame lines say the file is a log that holds a dump.
+    if looks_like_pyspy(text) and not _NCCL_HINT.search("\n".join(x for x in head if not x[:1].isspace())):
         return "stack"
     if looks_like_nvsmi(text) and not (_KERNEL_HINT.search(text) or _NCCL_HINT.search(text) or _STEPS_HINT.search(text)):
         return "nvsmi"
