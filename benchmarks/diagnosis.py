@@ -42,11 +42,13 @@ from faultlens.datasets.scenario import Scenario, scenario_for, write_batch_dir
 from faultlens.datasets.suite import suite_specs
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.engine import default_detectors
+from faultlens.vocabulary import ActionType, FaultKind
 
-PRIORITY = ["evict_nodes", "adapt_parallelism", "rollback_code", "restart_job", "run_diagnostics", "notify"]
-NEVER_EVICT = ("user_exception", "slow_storage", "nan_loss", "seq_surge", "healthy", "ib_flap_transient")
-EXPLICIT = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error", "ib_link_persistent",
-            "pcie_degradation", "thermal_throttle")
+A, K = ActionType, FaultKind
+PRIORITY = [A.EVICT_NODES, A.ADAPT_PARALLELISM, A.ROLLBACK_CODE, A.RESTART_JOB, A.RUN_DIAGNOSTICS, A.NOTIFY]
+NEVER_EVICT = (K.USER_EXCEPTION, K.SLOW_STORAGE, K.NAN_LOSS, K.SEQ_SURGE, K.HEALTHY, K.IB_FLAP_TRANSIENT)
+EXPLICIT = (K.GPU_LOST, K.ECC_UNCORRECTABLE, K.ROW_REMAP_FAILURE, K.NVLINK_ERROR, K.IB_LINK_PERSISTENT,
+            K.PCIE_DEGRADATION, K.THERMAL_THROTTLE)
 
 
 def decisive(actions) -> str:
@@ -76,7 +78,7 @@ def score_suite(n: int, seed: int, max_nodes: int, config: Config, tmp: Path) ->
         row["seconds"] += time.perf_counter() - t
         row["n"] += 1
         got = decisive(actions)
-        evicted = {n for a in actions if a.type in ("evict_nodes", "adapt_parallelism") for n in a.nodes}
+        evicted = {n for a in actions if a.type in (A.EVICT_NODES, A.ADAPT_PARALLELISM) for n in a.nodes}
         # Adapting around a slow machine (issue 7) answers an eviction when it names the culprit.
         ok = got == expected or (expected == "evict_nodes" and got == "adapt_parallelism" and culprits <= evicted)
         row["correct"] += ok

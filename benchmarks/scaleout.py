@@ -24,6 +24,7 @@ watches the output topics.
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
+One script over ~500 lines: its worker mode and the four measurements share the fleet set-up.
 """
 
 from __future__ import annotations

@@ -44,8 +44,12 @@ not:
 * Lines without a time. The parsers give such a line the time of the previous
   timed line in the same file. torchrun's own glog lines (``E1121
   04:56:41.732487 98927 torch/...``) are timed here. A record before the file's
-  first timed line takes that line's time (``ts_anchor`` ``next_line``), and in
-  a file with no time at all the node's first time (``node_first``).
+  first timed line takes that line's time (``ts_anchor`` ``next_line``). In a
+  file with no time at all (NCCL's own lines carry none, nor do tracebacks), an
+  INFO line takes the node's first time (``node_first``: set-up chatter) and
+  anything else, a WARN, an exception or a traceback, the node's last step time
+  (``last_step``): the error that stopped or hung the ranks came when their steps
+  stopped, not when the job began.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ import datetime as dt
 import gc
 import heapq
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -66,6 +72,19 @@ import orjson
 
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
+from faultlens.collectors.unparsed import (
+    LONG_LINE,
+    MAX_LINE_BYTES,
+    SNIFF_BYTES,
+    UnparsedLog,
+    clip,
+    guarded_parse,
+    read_byte_lines,
+    read_lines,
+    reason_of,
+    sniff_binary,
+    to_int,
+)
 from faultlens.errors import SchemaError
 from faultlens.stream import decode, schema
 from faultlens.stream.schema import (
@@ -112,6 +131,7 @@ class NodeClock:
     year_from: str  # explicit | gpu/steps | job | log | mtime | now
     first_ts: float | None = None  # the node's first gpu.jsonl/steps time
     last_ts: float | None = None  # ... and last
+    last_step_ts: float | None = None  # the node's last step record (None: no steps)
     boot_time: float | None = None
     boot_from: str | None = None  # hardware | process_exit | first_record | last_record (None: not needed or no anchor)
     estimated: int = 0  # records marked ts_estimated
@@ -129,6 +149,8 @@ class BatchInput:
     # "file:line: field: reason: value" for each field the decoder nulled (the record was kept)
     quarantine: list[str] = field(default_factory=list)
     clocks: dict[str, NodeClock] = field(default_factory=dict)
+    # every line or file that gave no record, with its reason (collectors/unparsed.py; ``errors`` has them as text)
+    unparsed: UnparsedLog = field(default_factory=UnparsedLog)
 
     def records(self) -> Iterator[Any]:
         """Every record, merged in timestamp order (stable within a source)."""
@@ -144,40 +166,75 @@ def _is_sorted(lst: list[Any]) -> bool:
     return all(a.ts <= b.ts for a, b in pairwise(lst))
 
 
-def _json_lines(path: Path, kind: str, errors: list[str], quarantine: list[str] | None = None) -> list[Any]:
-    """A JSON-lines file, read in one go, through the one decoder (stream/decode.py).
+class _Bad:
+    """The batch reader's one error path: ``errors`` (text, as before) and the UnparsedLog."""
 
-    Lines it refuses go to ``errors``; fields it nulled (N/A, a bad value) to ``quarantine``.
+    def __init__(self, errors: list[str], log: UnparsedLog):
+        self.errors, self.log = errors, log
+
+    def __call__(self, path: Path, no: int | None, reason: str, raw: str | bytes = "") -> None:
+        self.log.add(str(path), no, reason, raw)
+        self.errors.append(f"{path}:{no}: {reason}" if no is not None else f"{path}: {reason}")
+
+
+def _readable(path: Path, bad: _Bad) -> bool:
+    """True for a regular file that can be opened; anything else (a symlink loop, a dangling link, a
+    directory or FIFO where a file should be, no permission) is one unparsed entry with the reason."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            bad(path, None, "not a regular file (a directory, FIFO or device where a log file should be); skipped")
+            return False
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        bad(path, None, f"unreadable ({exc.strerror or type(exc).__name__}); skipped")
+        return False
+    return True
+
+
+def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None = None) -> list[Any]:
+    """A JSON-lines file through the one decoder (stream/decode.py), a line at a time.
+
+    Lines it refuses go to ``bad``; fields it nulled (N/A, a bad value) to ``quarantine``.
     """
     out = []
-    for no, line in enumerate(path.read_bytes().split(b"\n"), 1):
-        if not line.strip():
-            continue
-        issues: list[decode.FieldIssue] = []
-        try:
-            out.append(decode.decode(kind, line, issues=issues))
-        except SchemaError as exc:
-            errors.append(f"{path}:{no}: {exc}")
-        if issues and quarantine is not None:
-            quarantine.extend(f"{path}:{no}: {i.field}: {i.reason}: {i.value}" for i in issues if i.reason != decode.UNKNOWN_FIELD)
+    try:
+        with open(path, "rb") as fh:
+            for no, line in enumerate(read_byte_lines(fh), 1):
+                if not line.strip():
+                    continue
+                if len(line) > MAX_LINE_BYTES:
+                    bad(path, no, f"{LONG_LINE} (over {MAX_LINE_BYTES:,} bytes; not parsed)", line)
+                    continue
+                issues: list[decode.FieldIssue] = []
+                try:
+                    out.append(decode.decode(kind, line, issues=issues))
+                except SchemaError as exc:
+                    bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line)
+                except Exception as exc:  # noqa: BLE001 - the decoder must not stop the directory
+                    bad(path, no, reason_of(exc), line)
+                if issues and quarantine is not None:
+                    quarantine.extend(f"{path}:{no}: {i.field}: {i.reason}: {i.value}" for i in issues if i.reason != decode.UNKNOWN_FIELD)
+    except OSError as exc:
+        bad(path, None, f"read failed ({exc.strerror or type(exc).__name__})")
     return out
 
 
-def _text_lines(path: Path, errors: list[str]) -> list[str]:
-    """A text file's lines (split on newlines only, as the file iterator does), read in one go."""
-    data = path.read_bytes()
+def _text_lines(path: Path, bad: _Bad) -> list[str]:
+    """A text file's lines (split on newlines only, as the file iterator does); bytes that are not
+    UTF-8 replaced (and reported), a line over MAX_LINE_BYTES cut (the parse reports it), a binary
+    file none (reported)."""
+    lines: list[str] = []
     try:
-        lines = data.decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        lines = []
-        for no, raw in enumerate(data.split(b"\n"), 1):
-            try:
-                lines.append(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                errors.append(f"{path}:{no}: not UTF-8 (kept with replacement characters)")
-                lines.append(raw.decode("utf-8", "replace"))
-    if lines and lines[-1] == "":
-        lines.pop()
+        with open(path, "rb") as fh:
+            why = sniff_binary(fh.peek(SNIFF_BYTES)[:SNIFF_BYTES])
+            if why is not None:
+                bad(path, None, why + "; skipped")
+                return []
+            lines.extend(read_lines(fh, lambda no, raw: bad(path, no, "not UTF-8 (kept with replacement characters)", raw)))
+    except OSError as exc:
+        bad(path, None, f"read failed ({exc.strerror or type(exc).__name__})")
     return lines
 
 
@@ -207,19 +264,24 @@ def read_batch_dir(path: str | Path, *, year: int | None = None, progress: Progr
 
 def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> BatchInput:
     errors: list[str] = []
+    log = UnparsedLog()
+    bad = _Bad(errors, log)
     job = None
     jp = root / "job.json"
-    if jp.is_file():
-        try:
-            job = read_job(jp)
-        except (orjson.JSONDecodeError, SchemaError) as exc:
-            errors.append(f"{jp}:1: {exc}")
+    if os.path.lexists(jp):
+        if _readable(jp, bad):
+            try:
+                job = read_job(jp)
+            except (orjson.JSONDecodeError, SchemaError) as exc:
+                bad(jp, 1, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a job.json of the wrong shape: read the rest without it
+                bad(jp, 1, reason_of(exc))
     else:
         errors.append(f"{jp}: missing")
     job_id = job.job if job else None
-    out = BatchInput(job, errors=errors)
-    nodes = sorted(p for p in (root / "nodes").iterdir() if p.is_dir()) if (root / "nodes").is_dir() else []
-    step_files = sorted((root / "steps").glob("*.jsonl")) if (root / "steps").is_dir() else []
+    out = BatchInput(job, errors=errors, unparsed=log)
+    nodes = sorted(p for p in _listdir(root / "nodes", bad) if p.is_dir())
+    step_files = sorted(p for p in _listdir(root / "steps", bad) if p.name.endswith(".jsonl") and _readable(p, bad))
     total = 2 * len(nodes) + len(step_files)
     done = 0
 
@@ -233,15 +295,15 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
     gpu_by_node: dict[str, list[GpuSample]] = {}
     for nd in nodes:
         g = nd / "gpu.jsonl"
-        if g.is_file():
-            samples = _json_lines(g, "gpu", errors, out.quarantine)
+        if os.path.lexists(g) and _readable(g, bad):
+            samples = _json_lines(g, "gpu", bad, out.quarantine)
             if not _is_sorted(samples):
                 samples.sort(key=_ts)
             gpu_by_node[nd.name] = samples
             out.gpu.extend(samples)
         tick("gpu")
     for f in step_files:
-        out.steps.extend(_json_lines(f, "steps", errors, out.quarantine))
+        out.steps.extend(_json_lines(f, "steps", bad, out.quarantine))
         tick("steps")
     if not _is_sorted(out.gpu):
         out.gpu.sort(key=_ts)
@@ -252,10 +314,13 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
     for node, samples in gpu_by_node.items():
         if samples:
             first_ts[node], last_ts[node] = samples[0].ts, samples[-1].ts
+    last_step_ts: dict[str, float] = {}
     for s in out.steps:  # time-ordered: the first seen is the earliest
         first_ts.setdefault(s.node, s.ts)
         if s.ts > last_ts.get(s.node, -math.inf):
             last_ts[s.node] = s.ts
+        if s.ts > last_step_ts.get(s.node, -math.inf):
+            last_step_ts[s.node] = s.ts
     job_first = min(first_ts.values()) if first_ts else None
 
     # 2. Text logs, per node, anchored on the node's clock.
@@ -263,37 +328,64 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         node = nd.name
         samples = gpu_by_node.get(node, [])
         gpu_map = {s.pci_bus: s.index for s in samples[0].gpus if s.pci_bus} if samples else None
-        log_files = ([nd / "kernel.log"] if (nd / "kernel.log").is_file() else []) + (
-            sorted((nd / "nccl").glob("*.log")) if (nd / "nccl").is_dir() else [])
+        k = nd / "kernel.log"
+        has_kernel = os.path.lexists(k) and _readable(k, bad)
+        log_files = ([k] if has_kernel else []) + sorted(
+            p for p in _listdir(nd / "nccl", bad) if p.name.endswith(".log") and _readable(p, bad))
         clock = _node_clock(year, first_ts.get(node), job_first, log_files)
         clock.last_ts = last_ts.get(node)
+        clock.last_step_ts = last_step_ts.get(node)
         out.clocks[node] = clock
-        k = nd / "kernel.log"
         node_nccl: list[NcclEvent] = []
-        for f in log_files[1 if k.is_file() else 0:]:
+        for f in log_files[1 if has_kernel else 0:]:
             np_ = NcclParser(node, job=job_id, year=clock.year, default_ts=math.nan)
-            node_nccl.extend(_anchor_nccl(list(np_.parse(_text_lines(f, errors))), clock))
+            recs_n = list(guarded_parse(np_, _text_lines(f, bad), str(f), log, errors))
+            node_nccl.extend(_guarded_anchor(_anchor_nccl, (recs_n, clock), recs_n, f, bad))
         out.nccl.extend(node_nccl)
-        if k.is_file():
+        if has_kernel:
             kp = KernelParser(node, year=clock.year, gpu_map=gpu_map)
-            recs = list(kp.parse(_text_lines(k, errors)))
-            out.kernel.extend(_anchor_kernel(recs, clock, samples, node_nccl))
+            recs = list(guarded_parse(kp, _text_lines(k, bad), str(k), log, errors))
+            out.kernel.extend(_guarded_anchor(_anchor_kernel, (recs, clock, samples, node_nccl), recs, k, bad))
         tick("logs")
     out.kernel.sort(key=_ts)
     out.nccl.sort(key=_ts)
 
     sd = root / "stacks"
-    if sd.is_dir():
-        placement = job.ranks if job else {}
-        for f in sorted(sd.glob("*.txt")):
-            rank = int(f.stem) if f.stem.isdigit() else None
-            if rank is None:
-                errors.append(f"{f}: file name is not a rank number")
-            node = str(placement.get(str(rank), {}).get("node", "")) if rank is not None else ""
-            text = f.read_text(errors="replace")
-            out.stacks.append(StackDump(ts=f.stat().st_mtime, job=job_id or "", node=node, rank=rank, pid=None, text=text))
-        out.stacks.sort(key=_ts)
+    placement = job.ranks if job and isinstance(job.ranks, dict) else {}
+    for f in sorted(p for p in _listdir(sd, bad) if p.name.endswith(".txt") and _readable(p, bad)):
+        rank = to_int(f.stem)
+        if rank is None:
+            bad(f, None, "file name is not a rank number")
+        where = placement.get(str(rank), {}) if rank is not None else {}
+        node = str(where.get("node", "")) if isinstance(where, dict) else ""
+        lines = _text_lines(f, bad)
+        if not lines and f.stat().st_size:
+            continue  # binary or unreadable: reported
+        text = "\n".join(clip(ln, MAX_LINE_BYTES) for ln in lines)
+        out.stacks.append(StackDump(ts=f.stat().st_mtime, job=job_id or "", node=node, rank=rank, pid=None, text=text))
+    out.stacks.sort(key=_ts)
     return out
+
+
+def _listdir(d: Path, bad: _Bad) -> list[Path]:
+    """The entries of ``d`` ([] when it is not a directory; reported when it cannot be listed)."""
+    if not d.is_dir():
+        return []
+    try:
+        return list(d.iterdir())
+    except OSError as exc:
+        bad(d, None, f"cannot list ({exc.strerror or type(exc).__name__}); skipped")
+        return []
+
+
+def _guarded_anchor(fn: Callable[..., list[Any]], args: tuple[Any, ...], recs: list[Any], path: Path, bad: _Bad) -> list[Any]:
+    """Putting a file's records on the job's clock never stops the directory: on a failure the
+    records keep the times their lines gave (reported once for the file)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        bad(path, None, f"records kept with their own times; clock estimate failed: {reason_of(exc)}")
+        return recs
 
 
 # --------------------------------------------------------------------------- clocks
@@ -475,6 +567,10 @@ def _anchor_nccl(recs: list[NcclEvent], clock: NodeClock) -> list[NcclEvent]:
     if untimed:
         fallback = clock.first_ts if clock.first_ts is not None else 0.0
         for i in untimed:
-            out[i] = schema.replace(out[i], ts=fallback, fields=_estimated(out[i].fields, "node_first"))
+            if out[i].level != "INFO" and clock.last_step_ts is not None:
+                ts, how = clock.last_step_ts, "last_step"
+            else:
+                ts, how = fallback, "node_first"
+            out[i] = schema.replace(out[i], ts=ts, fields=_estimated(out[i].fields, how))
             clock.estimated += 1
     return out

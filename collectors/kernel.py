@@ -60,9 +60,11 @@ from faultlens.collectors.patterns import (
     hot_regex,
     load_kind_table,
 )
+from faultlens.collectors.unparsed import to_int
 from faultlens.stream.schema import KernelEvent
 
 MAX_RECORD_LINES = 256
+MAX_UPTIME_S = 1e10  # ~300 years: a larger seconds-since-boot stamp is a mangled one
 # Besides the catalog words, what makes a line take the full parse: a relative
 # (dmesg -H) timestamp, which depends on the line before it (screened by its
 # bracket, then matched at the start of the line), and bad bytes.
@@ -147,7 +149,7 @@ class KernelParser(FastPathParser):
             m = REPEATED_RE.match(msg)
             if m:
                 h.message = _strip_bracket(m.group(2))
-                h.repeated = int(m.group(1))
+                h.repeated = to_int(m.group(1)) or 0
         return h
 
     def _prefix(self, line: str) -> _Head:
@@ -155,7 +157,7 @@ class KernelParser(FastPathParser):
         if line.startswith("["):
             m = LAUNCHER_RE.match(line)
             if m:
-                rank = int(m.group(1))
+                rank = to_int(m.group(1))
                 line = line[m.end():]
         if not line or line[0] in " \t":
             return _Head(line.strip(), None, rank, continuation=True)
@@ -165,16 +167,16 @@ class KernelParser(FastPathParser):
             if m:
                 try:
                     ts = _iso_ts(*_split_iso(m.group(2)), self.tz)
-                except ValueError:
+                except (ValueError, OverflowError):
                     ts = None
                 h = self._prefix(m.group(5)) if m.group(4) != "kernel" else _Head(_strip_bracket(m.group(5)), ts)
                 h.ts = ts if ts is not None else h.ts
-                h.host, h.level, h.rank = m.group(3), _KMSG_LEVELS.get(int(m.group(1)) & 7), rank
+                h.host, h.level, h.rank = m.group(3), _KMSG_LEVELS.get((to_int(m.group(1)) or 0) & 7), rank
                 return h
             m = PRI_RE.match(line)
             if m:  # dmesg -r / forwarded syslog: <PRI> then the usual line
                 h = self._prefix(line[m.end():])
-                h.level = h.level or _KMSG_LEVELS.get(int(m.group(1)) & 7)
+                h.level = h.level or _KMSG_LEVELS.get((to_int(m.group(1)) or 0) & 7)
                 h.rank = h.rank if h.rank is not None else rank
                 return h
         if c0 == "[":
@@ -182,6 +184,8 @@ class KernelParser(FastPathParser):
             if m:
                 secs = float(m.group(2))
                 rest = m.group(3)
+                if secs >= MAX_UPTIME_S:  # no uptime is this long (a mangled digit): no time
+                    return _Head(rest, None, rank)
                 if m.group(1):  # dmesg -H / --reltime: delta from the previous line
                     return _Head(rest, ts=self._last_ts + secs, rank=rank, relative=True)
                 ts = secs + self.boot_time if self.boot_time is not None else secs
@@ -195,20 +199,24 @@ class KernelParser(FastPathParser):
             if m:
                 try:
                     t = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").replace(tzinfo=self.tz)
-                except ValueError:  # not a real date (a mangled month): keep the previous time
+                except (ValueError, OverflowError):  # not a real date (a mangled month): keep the previous time
                     return _Head(m.group(2), ts=None, rank=rank)
                 return _Head(m.group(2), ts=t.timestamp(), rank=rank)
         if c0.isdigit():
             m = KMSG_RE.match(line)
             if m:
-                usec = int(m.group(3)) / 1e6
-                ts = usec + self.boot_time if self.boot_time is not None else usec
-                level = _KMSG_LEVELS.get(int(m.group(1)) & 7)
+                us = to_int(m.group(3))  # a number too long for a time: no time (the previous one is kept)
+                usec = us / 1e6 if us is not None else None
+                ts = usec + self.boot_time if usec is not None and self.boot_time is not None else usec
+                level = _KMSG_LEVELS.get((to_int(m.group(1)) or 0) & 7)
                 head = _Head(m.group(4), ts=ts, rank=rank, level=level)
                 return head
             m = ISO_RE.match(line)
             if m:
-                ts = _iso_ts(m.group(1), m.group(2), m.group(3), self.tz)
+                try:
+                    ts: float | None = _iso_ts(m.group(1), m.group(2), m.group(3), self.tz)
+                except (ValueError, OverflowError):  # not a real date or offset (a mangled digit): no time
+                    ts = None
                 rest = m.group(4)
                 hk = HOST_KERNEL_RE.match(rest) if "kernel:" in rest[:80] else None
                 host = None
@@ -246,9 +254,14 @@ class KernelParser(FastPathParser):
             return None  # a localised month name: keep the previous timestamp
         try:
             t = dt.datetime(year or self.year, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), tzinfo=self.tz)
-        except ValueError:
+        except (ValueError, OverflowError):
             return None
         return t.timestamp()
+
+    def reset(self) -> None:
+        """Forget the open record and held lines (after a line the parser failed on: collectors/unparsed.py)."""
+        self._pending = None
+        self._cold = []
 
     # ------------------------------------------------------------------ records
     def feed(self, line: str) -> list[KernelEvent]:
@@ -428,12 +441,14 @@ class KernelParser(FastPathParser):
         if head.repeated:
             fields["repeated"] = head.repeated
         if kind == "xid" and m is not None:
-            xid = int(m.group("xid"))
+            xid = to_int(m.group("xid"))
+            if xid is None:  # a number no Xid is (too long): the text is kept, no Xid claimed
+                kind = "nvrm_other"
             pci = _pci_id(m.group("pci"), fields)
             tail = XID_TAIL_RE.match(message[m.end():MATCH_LIMIT])
             if tail:
                 pid_s = tail.group("pid").strip("'<>")
-                pid = int(pid_s) if pid_s.isdigit() else None
+                pid = to_int(pid_s)
                 name = (tail.group("name") or "").strip()
                 if name and name != "<unknown>":
                     fields["process"] = name
@@ -446,7 +461,7 @@ class KernelParser(FastPathParser):
                     fields["recovery_from"] = r.group(2)
                     fields["recovery_action"] = r.group(4)
         elif kind == "sxid" and m is not None:
-            fields["sxid"] = int(m.group("sxid"))
+            fields["sxid"] = to_int(m.group("sxid"))
             sw = _pci_id(m.group("pci"), fields)
             if sw:
                 fields["switch_pci"] = (m.group("pci") or "").strip().lower().removeprefix("pci:")
@@ -457,7 +472,7 @@ class KernelParser(FastPathParser):
             gd = m.groupdict()
             for key in ("pid", "pid2", "pid3"):
                 if gd.get(key):
-                    pid = int(gd[key])
+                    pid = to_int(gd[key])
                     break
             for key in ("comm", "comm2", "task"):
                 if gd.get(key):

@@ -12,6 +12,7 @@ the [[kind]] entries of faultlens/catalogs/nccl.toml; what it means is faultlens
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -19,8 +20,13 @@ from functools import lru_cache
 
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
+from faultlens.collectors.unparsed import to_int
 from faultlens.stream.schema import NcclEvent
 
+# Container runtimes' own wrappers around a process's line (kubectl logs / docker logs give the bare
+# line; the files on the node do not): CRI (containerd, CRI-O) "<RFC3339Nano> stderr F <line>" and
+# Docker's json-file driver {"log": "<line>\n", "stream": "stderr", "time": "<RFC3339Nano>"}.
+CRI_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (?:stdout|stderr) [FP] ")
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)(\d+)\]:|\[1,(\d+)\]<std(?:out|err)>:)\s?")
 SRUN_LABEL_RE = re.compile(r"^\s{0,5}(\d{1,6}): (?=\S)")
 ISO_PREFIX_RE = re.compile(r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?\]?(?:\s+-\s+|\s+)")
@@ -46,6 +52,36 @@ TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<
 
 
 @lru_cache(maxsize=1)
+def _rfc3339(text: str) -> float | None:
+    """RFC 3339 time with nanoseconds (Python reads microseconds): unix seconds, or None."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?$", text.strip())
+    if m is None:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
+    except ValueError:
+        return None
+    return t.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
+def _unwrap_container(raw: str) -> tuple[str, float | None]:
+    """A container runtime's log line -> (the process's own line, the runtime's time); else (raw, None)."""
+    if raw.startswith('{"log"'):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            return raw, None
+        if isinstance(obj, dict) and isinstance(obj.get("log"), str):
+            t = obj.get("time")
+            return obj["log"].rstrip("\r\n"), _rfc3339(t) if isinstance(t, str) else None
+        return raw, None
+    if raw[:1].isdigit():
+        m = CRI_RE.match(raw)
+        if m:
+            return raw[m.end():], _rfc3339(m.group(1))
+    return raw, None
+
+
 def nccl_kinds() -> KindTable:
     return load_kind_table(CATALOGS / "nccl.toml")
 
@@ -95,25 +131,25 @@ class NcclParser(FastPathParser):
 
     def _line(self, raw: str) -> _Line:
         rank = None
-        s = raw
+        s, wrapped_ts = _unwrap_container(raw)
         if s[:1].isdigit() or s[:1] == " ":
             m = SRUN_LABEL_RE.match(s)  # srun --label: "3: <the rank's line>"
             if m:
-                rank = int(m.group(1))
+                rank = to_int(m.group(1))
                 s = s[m.end():]
         if s.startswith("["):
             m = LAUNCHER_RE.match(s)
             if m:
-                rank = int(m.group(1) or m.group(2))
+                rank = to_int(m.group(1) or m.group(2))
                 s = s[m.end():]
-        ln = _Line(s, rank)
+        ln = _Line(s, rank, wrapped_ts)
         if s[:1].isdigit() or s.startswith("[2") or s.startswith("[1"):
             m = ISO_PREFIX_RE.match(s)
             if m:
                 try:
                     t = dt.datetime.strptime(m.group(1).replace(" ", "T"), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
                     ln.ts = t.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
-                except ValueError:  # not a real date: keep the text, no time
+                except (ValueError, OverflowError):  # not a real date: keep the text, no time
                     pass
                 s = s[m.end():]
         if s.startswith("[") and len(s) > 2 and s[1] in "EWIFD":
@@ -124,7 +160,7 @@ class NcclParser(FastPathParser):
                     try:
                         t = dt.datetime(self.year, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)), tzinfo=dt.UTC)
                         ln.ts = t.timestamp() + (float("0." + m.group(7)) if m.group(7) else 0.0)
-                    except ValueError:
+                    except (ValueError, OverflowError):
                         pass
                 ln.fields["src"] = m.group(8)
                 s = s[m.end():]
@@ -133,9 +169,9 @@ class NcclParser(FastPathParser):
             if m:
                 ln.nccl = True
                 ln.host = m.group("host")
-                ln.pid = int(m.group("pid")) if m.group("pid").isdigit() else None
+                ln.pid = to_int(m.group("pid"))
                 ln.level = m.group("level")
-                ln.fields["cuda_dev"] = int(m.group("dev"))
+                ln.fields["cuda_dev"] = to_int(m.group("dev"))
                 if m.group("src"):
                     ln.fields["src"] = m.group("src")
                 # keep NCCL's own text (source file, level, message): the source file says what failed
@@ -143,9 +179,14 @@ class NcclParser(FastPathParser):
         if ln.rank is None:
             r = RANK_RE.search(s)
             if r:
-                ln.rank = int(r.group(1))
+                ln.rank = to_int(r.group(1))
         ln.content = s
         return ln
+
+    def reset(self) -> None:
+        """Forget the open record and held lines (after a line the parser failed on: collectors/unparsed.py)."""
+        self._pending = None
+        self._cold = []
 
     def feed(self, raw: str) -> list[NcclEvent]:
         out: list = []
@@ -295,19 +336,19 @@ class NcclParser(FastPathParser):
         kind, m = self.kinds.match(message)
         op = seq = timeout = ran = None
         if kind == "watchdog_timeout" and m is not None:
-            seq = int(m.group("seq")) if m.group("seq") else None
+            seq = to_int(m.group("seq"))
             op = m.group("op")
-            timeout = int(m.group("timeout")) if m.group("timeout") else None
-            ran = int(m.group("ran")) if m.group("ran") else None
+            timeout = to_int(m.group("timeout"))
+            ran = to_int(m.group("ran"))
         elif kind == "watchdog_exception" and m is not None:
-            seq = int(m.group("seq"))
+            seq = to_int(m.group("seq"))
             for k in ("enq", "done"):
                 if m.group(k):
-                    fields["last_enqueued" if k == "enq" else "last_completed"] = int(m.group(k))
+                    fields["last_enqueued" if k == "enq" else "last_completed"] = to_int(m.group(k))
         elif m is not None:
             for k, v in m.groupdict().items():
                 if v is not None:
-                    fields[k] = int(v) if v.isdigit() else v
+                    fields[k] = v if (n := to_int(v)) is None else n
         if first.nccl and first.level == "INFO" and kind in ("socket_error", "ib_error", "comm_abort"):
             kind = "other"  # NCCL's INFO lines narrate normal teardown; errors come at WARN
         if kind == "other":
@@ -323,14 +364,14 @@ class NcclParser(FastPathParser):
                     kind = "nccl_warn"
                 elif RETURN_RE.search(c):
                     kind = "nccl_return"
-                    fields["return_code"] = int(RETURN_RE.search(c).group(1))
+                    fields["return_code"] = to_int(RETURN_RE.search(c).group(1))
                 else:
                     kind = "nccl_info"
         rank = first.rank
         if rank is None:
             r = RANK_RE.search(message)
             if r:
-                rank = int(r.group(1))
+                rank = to_int(r.group(1))
         return NcclEvent(
             ts=first.ts if first.ts is not None else self._last_ts,
             node=self.node,

@@ -195,7 +195,7 @@ class HotFilter:
         if len(low) != len(raw) or raw.count("\n") != len(lines):
             # A character whose lower case is longer, or a line break inside a line: line by line.
             return [i for i, line in enumerate(lines) if self._line_hot(line)]
-        ends = [end - 1 for _, _, end in self._automaton.find_matches_as_indexes(low)]
+        ends = [end - 1 for _, _, end in self._find(low)]
         ends += [m.start() for r in self._patterns for m in r.finditer(low)]
         ends += [m.start() for r in self._raw for m in r.finditer(raw)]
         screened = [(m.start(), rx) for screen, rx in self._anchored for m in screen.finditer(low)]
@@ -216,10 +216,16 @@ class HotFilter:
         hot.discard(-1)
         return sorted(hot)
 
+    def _find(self, text: str) -> list[tuple[int, int, int]]:
+        try:
+            return self._automaton.find_matches_as_indexes(text)
+        except UnicodeEncodeError:  # a lone surrogate (surrogateescape'd bytes): such a line is hot anyway
+            return self._automaton.find_matches_as_indexes(_encodable(text))
+
     def _line_hot(self, line: str) -> bool:
         low = line.lower()
         return bool(
-            self._automaton.find_matches_as_indexes("\n" + low)  # framed as in a chunk: "\n " marks indentation
+            self._find("\n" + low)  # framed as in a chunk: "\n " marks indentation
             or any(r.search(low) is not None for r in self._patterns)
             or any(
                 screen.search(low) is not None and rx(low) is not None
@@ -232,6 +238,12 @@ class HotFilter:
     def search(self, text: str) -> bool | None:
         """One line: True if hot, else None (for ``is None`` tests, like ``re.Pattern.search``)."""
         return True if self.hot_indexes([text]) else None
+
+
+def _encodable(text: str) -> str:
+    """``text`` with each lone surrogate (text decoded with surrogateescape) as ``?``: the
+    automaton needs UTF-8; same length, so positions hold (such a line is hot anyway)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def hot_regex(

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from faultlens.collectors.sources import FollowedSource, register_source  # standard library only
+from faultlens.collectors.unparsed import to_int  # standard library only
 
 try:  # import-light: orjson only when present
     import orjson as _orjson
@@ -170,14 +171,30 @@ def _num(s: str) -> float | int:
         return float(s)
 
 
+def _int(s: str) -> int:
+    """A step counter; a mangled one (more digits than any run has steps) is no step line."""
+    n = to_int(s)
+    if n is None:
+        raise ValueError(f"not a step number: {s[:40]!r}")
+    return n
+
+
 def parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
-    """One framework log line -> (framework, fields), or None when it is not a step line."""
+    """One framework log line -> (framework, fields), or None when it is not a step line
+    (a line whose numbers do not read, e.g. a cut or mangled one, is none either)."""
+    try:
+        return _parse_step_line(text)
+    except (ValueError, OverflowError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
     if "\x1b" in text:
         text = ANSI_RE.sub("", text)
     if "iteration" in text and "|" in text:
         m = ITER_RE.search(text)
         if m:
-            f: dict[str, Any] = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
+            f: dict[str, Any] = {"iteration": _int(m.group(1)), "train_iters": _int(m.group(2))}
             e = ELAPSED_RE.search(text)
             if e:
                 f["elapsed_ms" if e.group(1) == "ms" else "elapsed_s"] = float(e.group(2))
@@ -200,7 +217,7 @@ def parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
     if "global_step=" in text:
         m = DS_TIMER_RE.search(text)
         if m:
-            f = {"micro_step": int(m.group(1)), "global_step": int(m.group(2)),
+            f = {"micro_step": _int(m.group(1)), "global_step": _int(m.group(2)),
                  "RunningAvgSamplesPerSec": float(m.group(3)), "CurrSamplesPerSec": float(m.group(4))}
             if m.group(5):
                 f["MemAllocated"] = float(m.group(5))
@@ -211,7 +228,7 @@ def parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
         if m:
             lr = m.group(3)
             lrv: Any = [float(x) for x in lr.strip("[]").split(",") if x.strip()] if lr.startswith("[") else float(lr)
-            return "deepspeed", {"step": int(m.group(1)), "skipped": int(m.group(2)), "lr": lrv}
+            return "deepspeed", {"step": _int(m.group(1)), "skipped": _int(m.group(2)), "lr": lrv}
     if "time (ms)" in text:
         m = TIMES_RE.search(text)
         if m:
@@ -230,14 +247,14 @@ def parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
     if "step:" in text and "loss:" in text:
         m = TITAN_RE.search(text)
         if m:
-            f = {"step": int(m.group(1)), "loss": float(m.group(2))}
+            f = {"step": _int(m.group(1)), "loss": float(m.group(2))}
             for k, v in TITAN_KV_RE.findall(text[m.end():]):
                 f[k] = float(v.replace(",", ""))
             return "torchtitan", f
     if "it]" in text or "s/it" in text or "it/s" in text:
         m = NEMO_RE.search(text)
         if m:
-            f = {"batch": int(m.group(1)), "batches_per_epoch": int(m.group(2)), "elapsed": m.group(3), "eta": m.group(4)}
+            f = {"batch": _int(m.group(1)), "batches_per_epoch": _int(m.group(2)), "elapsed": m.group(3), "eta": m.group(4)}
             rate = float(m.group(5))
             f["sec_per_it" if m.group(6) == "s/it" else "it_per_sec"] = rate
             for kv in m.group(7).split(","):
@@ -327,7 +344,7 @@ class StepsSource(FollowedSource):
                         obj.setdefault("v", schema.SCHEMA_VERSION)
                         obj.setdefault("node", agent.node)
                     rec = schema.from_dict("steps", obj)
-                except (orjson.JSONDecodeError, SchemaError) as exc:
+                except (orjson.JSONDecodeError, SchemaError, ValueError, TypeError, RecursionError) as exc:
                     agent.parse_failure("steps")
                     reason = exc.reason if isinstance(exc, SchemaError) else "malformed_json"
                     agent.emit_many([schema.DeadLetter(agent.clock(), topics.topic("steps", agent.config.bus.topic_prefix),

@@ -12,7 +12,9 @@ each signal are computed on first use and cached. Outputs:
 * ``Scenario.gpu_states(node, ts)`` / ``nvml_events(node)`` behind
   ``datasets.nvml_sim.SimulatedNvml``.
 
-The same spec (seed included) always gives the same bytes.
+The same spec (seed included) always gives the same bytes. One module (~600 lines) on
+purpose: every signal is rendered from one cached timeline, and splitting the renderers
+would pass that cache between modules.
 """
 
 from __future__ import annotations

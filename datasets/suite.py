@@ -25,18 +25,19 @@ import orjson
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import FAULTS, SCENARIO_KINDS
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.vocabulary import FaultKind
 
 # Faults per 10^6 GPU-hours. Llama 3 (papers.md 3.9): faulty GPU 6.97 (split between a GPU off the bus,
 # NVLink and thermal/slow GPUs), HBM3 3.39 (ECC / row remap), software bug 2.54, network 1.65 (+ NIC 0.33),
 # host maintenance/memory 1.51+0.09 (OOM, hung task), NCCL watchdog 0.33. Implicit kinds from ByteRobust's
 # share of incidents relative to CUDA errors (hang 9.9/36.1, MFU decline 0.8/36.1, NaN 0.3/36.1 of 6.97).
 LONG_RUN_RATES_PER_MGPUH: dict[str, float] = {
-    "gpu_lost": 3.5, "nvlink_error": 1.5, "thermal_throttle": 1.0, "pcie_degradation": 0.97,
-    "ecc_uncorrectable": 2.4, "row_remap_failure": 0.99,
-    "user_exception": 2.54,
-    "ib_link_persistent": 1.3, "ib_flap_transient": 2.0,
-    "host_oom": 1.0, "hung_task": 0.6,
-    "hang_stuck_rank": 1.9, "slow_storage": 0.15, "nan_loss": 0.06,
+    FaultKind.GPU_LOST: 3.5, FaultKind.NVLINK_ERROR: 1.5, FaultKind.THERMAL_THROTTLE: 1.0,
+    FaultKind.PCIE_DEGRADATION: 0.97, FaultKind.ECC_UNCORRECTABLE: 2.4, FaultKind.ROW_REMAP_FAILURE: 0.99,
+    FaultKind.USER_EXCEPTION: 2.54,
+    FaultKind.IB_LINK_PERSISTENT: 1.3, FaultKind.IB_FLAP_TRANSIENT: 2.0,
+    FaultKind.HOST_OOM: 1.0, FaultKind.HUNG_TASK: 0.6,
+    FaultKind.HANG_STUCK_RANK: 1.9, FaultKind.SLOW_STORAGE: 0.15, FaultKind.NAN_LOSS: 0.06,
 }
 
 

@@ -29,6 +29,7 @@ from faultlens.diagnosis.adapter_base import (
 )
 from faultlens.errors import ConfigError
 from faultlens.stream.schema import Action
+from faultlens.vocabulary import ActionType
 
 # key[=value]:Effect, with the key and value syntax of Kubernetes labels.
 TAINT_RE = re.compile(
@@ -56,9 +57,9 @@ class KubernetesAdapter:
         ]
 
     def plan(self, action: Action, event: Mapping[str, Any]) -> list[Step]:
-        if action.type == "notify":
+        if action.type == ActionType.NOTIFY:
             return []
-        if action.type in ("evict_nodes", "run_diagnostics"):
+        if action.type in (ActionType.EVICT_NODES, ActionType.RUN_DIAGNOSTICS):
             nodes = check_nodes(action.nodes, required=True)
             steps = [s for n in nodes for s in self._isolate(n)]
             if action.type == "run_diagnostics" and self.diagnostics:

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from faultlens.config import Config
+from faultlens.diagnosis.detectors import (
+    Detector,
+    default_detectors,
+    load_classify,
+    new_classify_context,
+)
+from faultlens.diagnosis.exceptions import exception_fingerprint, user_exception
 from faultlens.diagnosis.guard import Guard
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
@@ -30,8 +36,18 @@ from faultlens.diagnosis.jobwide import JobWideCorrelator, JobWideRule
 from faultlens.diagnosis.modes import BATCH, ONLINE, Mode, output_id
 from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.policy import Decision, Hold, Policy, SignalMatcher, load_policy
+from faultlens.diagnosis.notes import NOTE, attach_pending, file_note
+from faultlens.diagnosis.policy import (
+    Decision,
+    Hold,
+    Policy,
+    SignalMatcher,
+    load_policy,
+    unmatched_but_actionable,
+)
 from faultlens.diagnosis.progress import JobProgress, check_hang
+from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, decide_nan
+from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
@@ -48,52 +64,14 @@ from faultlens.stream.schema import (
     StepTiming,
 )
 from faultlens.stream.topology import Topology
+from faultlens.vocabulary import ActionType, IncidentKind
 
 log = logging.getLogger(__name__)
 
 Output = Incident | Action | Command
-
-
-@runtime_checkable
-class Detector(Protocol):
-    """What a detector (models/) must offer to plug into the engine."""
-
-    name: str
-
-    def set_topology(self, topology: Topology) -> None: ...
-
-    def observe(self, record: Any) -> list[Finding]: ...
-
-    def tick(self, now: float) -> list[Finding]: ...
-
-
-# Exceptions that say the infrastructure failed, not the user's code: never rolled back.
-INFRA_EXCEPTION_RE = re.compile(
-    r"NCCL|DistBackendError|ProcessGroup|Watchdog|ncclRemoteError|ncclSystemError|ncclInternalError|"
-    r"CUDA error: (?:an illegal|unspecified launch|uncorrectable ECC|ECC)|uncorrectable ECC|Xid|"
-    r"Connection (?:reset|refused|closed)|Broken pipe|BrokenPipeError|TCPStore|SIGKILL|Signals?\.SIGKILL|"
-    r"ChildFailedError|timed out|timeout", re.IGNORECASE)
-EXCEPTION_LINE_RE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?.*)$")
-_NUM_RE = re.compile(r"0x[0-9a-fA-F]+|\d+")
-
-
-def exception_fingerprint(record: NcclEvent) -> str | None:
-    """The normalised final exception line of a traceback record, or None."""
-    text = record.exception
-    if not text:
-        if record.kind not in ("exception", "traceback", "python_exception") and "Traceback" not in record.raw:
-            return None
-        lines = [m["exc"] for m in map(EXCEPTION_LINE_RE.match, record.raw.splitlines()) if m]
-        if not lines:
-            return None
-        text = lines[-1]
-    return _NUM_RE.sub("#", text.strip())[:300]
-
-
-# Incident kinds whose evidence on a machine, in the window of a NaN loss, names that machine.
-NAN_MACHINE_KINDS = frozenset({"ecc_uncorrectable", "row_remap_failure", "row_remap_pending", "retired_pages",
-                               "gpu_hardware", "gpu_lost", "nvlink_error", "pcie_degradation"})
-NAN_WINDOW_S = 900.0
+# Re-exported: callers import these from the engine (the split kept their names here).
+__all__ = ["DiagnosisEngine", "Detector", "JobState", "Output", "default_detectors", "exception_fingerprint",
+           "run_records"]
 
 
 @dataclass
@@ -105,6 +83,7 @@ class JobState:
     progress: JobProgress = field(default_factory=JobProgress)
     nan: NanWatch = field(default_factory=NanWatch)
     stacks: dict[int, StackDump] = field(default_factory=dict)
+    notes: list[Signal] = field(default_factory=list)  # notes waiting for an incident (diagnosis.notes)
 
     @property
     def nodes(self) -> list[str]:
@@ -144,9 +123,9 @@ class DiagnosisEngine:
         self._node_job: dict[str, str] = {}
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
-        self._classify = _load_classify() if classify == "auto" else classify
+        self._classify = load_classify() if classify == "auto" else classify
         # the same context rules as explain (repeats, derived Xids); a caller-given classify gets none
-        self._classify_ctx = _new_classify_context() if classify == "auto" else None
+        self._classify_ctx = new_classify_context() if classify == "auto" else None
         self.now = 0.0
         self._final = False  # set by tick(final=True): decide now, nothing more will come
         self.counts: dict[str, int] = {"records": 0, "signals": 0, "bad_records": 0, "findings": 0}
@@ -236,16 +215,18 @@ class DiagnosisEngine:
             self._on_nan_line(record, job)
             return
         if isinstance(record, NcclEvent):
-            fp = exception_fingerprint(record)
-            if fp is not None and not INFRA_EXCEPTION_RE.search(fp):
+            fp = user_exception(record)
+            if fp is not None:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
-        if signal is None and finding is not None and finding.severity == "critical" and finding.action == "evict_node":
-            signal = Signal(ts=record.ts, job=job, kind="unclassified", role="cause",
-                            confidence=min(finding.confidence, 0.8), rule=f"classify:{finding.rule}",
-                            source=finding.source, text=record.raw, node=record.node, rank=record.rank,
-                            category=finding.category, severity=finding.severity)
+        if signal is None and finding is not None and unmatched_but_actionable(record, finding):
+            # A signature no policy signal names: one unclassified incident that takes the signature's own
+            # action (route action "signature"), under the route's confidence floor and the guard rails.
+            signal = Signal(ts=record.ts, job=job, kind=IncidentKind.UNCLASSIFIED, role="cause",
+                            confidence=finding.confidence, rule=f"classify:{finding.rule}", source=finding.source,
+                            text=record.raw, node=record.node, rank=record.rank, category=finding.category,
+                            severity=finding.severity, action=finding.action, signature=finding.rule)
         if signal is None:
             return
         if finding is not None:
@@ -299,55 +280,31 @@ class DiagnosisEngine:
 
     def _file(self, signal: Signal, *, decide: bool = True) -> OpenIncident | None:
         self.counts["signals"] += 1
+        if signal.role == NOTE:
+            file_note(self.book, self._job(signal.job).notes, signal)
+            return None
         rule = self.jobwide.rule_for(signal.kind) if signal.node and signal.role != "job" else None
         if rule is not None:
             inc = self._file_jobwide(signal, rule)
             if inc is not None:
                 return inc
         inc = self.book.add(signal)
+        job = self._jobs.get(signal.job)
+        if inc is not None and job is not None:
+            attach_pending(inc, job.notes)
         if inc is not None and decide:
             self._decide(inc)
         return inc
 
     def _file_jobwide(self, signal: Signal, rule: JobWideRule) -> OpenIncident | None:
-        """A watched host-level signal: into the job's open shared-cause incident, or opening it once most
-        of the job's nodes reported; None when it stays a node's own (the caller files it as usual)."""
+        """A watched host-level signal (diagnosis.jobwide): the shared-cause incident, notified once opened."""
         job = self._jobs.get(signal.job)
-        if job is None or len(job.nodes) < rule.min_nodes or signal.node is None:
+        if job is None:
             return None
-        key = (signal.job, rule.name)
-        open_id = self.jobwide.open_incident.get(key)
-        shared = self.book.incidents.get(open_id) if open_id else None
-        if shared is None or shared.status != "open":
-            nodes = self.jobwide.note(signal.job, rule, signal.ts, signal.node, set(job.nodes))
-            if nodes is None:
-                return None
-        else:
-            nodes = sorted(set(shared.state.affected_nodes) | {signal.node})
-        redirected = Signal(ts=signal.ts, job=signal.job, kind=rule.kind, role="job", confidence=max(0.7, signal.confidence),
-                            rule=f"jobwide:{rule.name}", source=signal.source, text=signal.text, node=signal.node,
-                            rank=signal.rank, category=signal.category, severity=signal.severity,
-                            figures={**signal.figures, "host_signal": signal.kind})
-        inc = self.book.add(redirected)
-        if inc is None:
-            return None
-        inc.state.affected_nodes = sorted(set(inc.state.affected_nodes) | set(nodes))
-        summary = (f"{rule.cause}: {rule.name} on {len(inc.state.affected_nodes)}/{len(job.nodes)} nodes within "
-                   f"{rule.window_s:.0f} s; no machine is at fault")
-        if shared is inc:
-            inc.summary = summary
-            return inc
-        self.jobwide.open_incident[key] = inc.id
-        for other in self.book.open_incidents(signal.job):  # the nodes' own incidents fold into the shared one
-            if other is inc or other.kind not in rule.source_kinds or other.node is None or other.actions:
-                continue
-            other.status, other.state.folded_into, other.dirty = "resolved", inc.id, True
-            other.summary = f"part of the job-wide incident {inc.id} ({rule.cause})"
-            inc.evidence.extend(other.evidence[: max(0, 40 - len(inc.evidence))])
-        inc.summary = summary
-        self.book.promote_cause(inc)
-        self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
-                                f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
+        inc, opened = self.jobwide.file(self.book, signal, rule, job.nodes)
+        if inc is not None and opened:
+            self._act(inc, Decision("notify", (), f"job-wide {rule.kind}: {inc.summary} (nodes "
+                                    f"{', '.join(inc.state.affected_nodes[:16])})", inc.confidence, blame=False))
         return inc
 
     # ------------------------------------------------------------------ time
@@ -454,7 +411,8 @@ class DiagnosisEngine:
         world = job.topology.world_size if job and job.topology else None
         decision: Decision | Hold | None = self.policy.decide(inc, self.now, world_size=world)
         if isinstance(decision, Decision) and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
-            decision = self._adapt_or_evict(inc, decision)
+            decision = adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
+                                      now=self.now, final=self._final)
         if isinstance(decision, Hold):
             inc.state.waiting = decision.reason
             return
@@ -468,71 +426,13 @@ class DiagnosisEngine:
         self._act(inc, decision)
 
     def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
-        """NaN/Inf loss: a machine first (a rank that went bad first, ECC/Xid on a node in the window),
-        else stop-time checks on the whole job. Waits ``nan_settle_s`` for every rank's report."""
-        if inc.decided or job is None:
+        if job is None:
             return
         settle = max(self.steps_cfg["nan_settle_s"], 3.0 * job.progress.median_step_s())
-        if not self._final and self.now - inc.opened_ts < settle:
-            inc.state.waiting = f"waiting {settle:.0f} s for every rank's steps before naming the first"
-            return
-        culprits: dict[str, str] = {}
-        ranks, why = job.nan.culprit_ranks()
-        for r in ranks:
-            node = job.topology.placement.get(r, (None, None))[0] if job.topology else None
-            if node:
-                culprits.setdefault(node, why)
-                inc.suspect(node, 0.8, why, rank=r)
-        for other in self.book.incidents.values():
-            if other.job == inc.job and other.node and other.kind in NAN_MACHINE_KINDS \
-                    and abs(other.opened_ts - inc.opened_ts) <= NAN_WINDOW_S:
-                reason = f"{other.kind} on {other.node} in the window (incident {other.id})"
-                culprits.setdefault(other.node, reason)
-                inc.suspect(other.node, 0.85, reason)
-        inc.state.nan_search = "culprit" if culprits else why
-        inc.state.waiting = None
-        self._act(inc, self.policy.decide_nan(inc, culprits, job.nodes))
-
-    def _adapt_or_evict(self, inc: OpenIncident, decision: Decision) -> Decision | Hold:
-        """A slow (not dead) machine: ask the adaptation planner whether keeping the job
-        running on a new plan beats evicting it, by predicted goodput over the horizon.
-
-        Needs the job's topology and a measured slowdown (the fail-slow detector's
-        figures in the evidence); without them the explicit rule's eviction stands, and
-        when the planner finds that nothing pays off the eviction stands too (the
-        machine is faulty; a person can still choose to keep it)."""
-        job = self._jobs.get(inc.job)
-        if not self.config.adaptation.enabled or job is None or job.topology is None:
-            return decision
-        taken = inc.decided & {"evict_nodes", "adapt_parallelism"}
-        if taken:
-            return Hold(f"one remedy per incident: {', '.join(sorted(taken))} already taken")
-        measured = next((e for e in reversed(inc.evidence)
-                         if str(e.get("source", "")).startswith("model:") and "slowdown" in (e.get("figures") or {})), None)
-        if measured is None:
-            # ByteRobust confirms a throttling gray failure against the job's throughput before
-            # acting: wait a while for the step-time detector to measure the slowdown.
-            waited = self.now - inc.opened_ts
-            if self._final or waited >= self.config.adaptation.confirm_wait_s:
-                return decision
-            return Hold(f"confirming the slowdown against the job's steps ({waited:.0f}/"
-                        f"{self.config.adaptation.confirm_wait_s:.0f} s) before choosing eviction or adaptation")
-        from faultlens.diagnosis.adaptation import choose_remediation
-
-        finding = Finding(ts=float(measured.get("ts", self.now)), kind="fail_slow", category=inc.category,
-                          severity="critical", action="evict_node", confidence=decision.confidence,
-                          source=str(measured.get("source")), rule=str(measured.get("rule", "")),
-                          text=str(measured.get("text", "")), node=measured.get("node"), job=inc.job,
-                          gpu=measured.get("gpu"), rank=measured.get("rank"), figures=dict(measured["figures"]))
-        try:
-            action = choose_remediation(finding, job.topology, config=self.config, incident_id=inc.id, now=self.now)
-        except (ValueError, KeyError) as exc:
-            log.warning("adaptation planner could not plan for %s: %s", inc.id, exc)
-            return decision
-        if action.type == "adapt_parallelism":
-            return Decision("adapt_parallelism", tuple(decision.nodes), action.reason, decision.confidence,
-                            plan=action.plan)
-        return Decision(decision.type, decision.nodes, decision.reason, decision.confidence, plan=action.plan)
+        decision = decide_nan(inc, job, self.policy, self.book.incidents.values(), self._evicted.get(inc.job, set()),
+                              wait_s=0.0 if self._final else settle - (self.now - inc.opened_ts))
+        if decision is not None:
+            self._act(inc, decision)
 
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
         job = self._jobs.get(inc.job)
@@ -556,7 +456,7 @@ class DiagnosisEngine:
         )
         inc.actions.append(action.id)
         inc.dirty = True
-        if d.type in ("evict_nodes", "restart_job", "rollback_code", "run_diagnostics"):
+        if d.type in _REMEDIES:
             inc.summary = inc.summary or d.reason
         self._outputs.append(action)
         if d.type != "notify":
@@ -585,74 +485,11 @@ class DiagnosisEngine:
         return [getattr(d, "name", type(d).__name__) for d in self.detectors]
 
 
+# Action types that remedy (an incident's summary is the reason of the first one taken).
+_REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
+                       ActionType.RUN_DIAGNOSTICS})
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
     if record.fields.get("ts_estimated"):
         signal.figures["ts_estimated"] = True
         signal.figures["ts_anchor"] = record.fields.get("ts_anchor", "")
-
-
-# Incident kinds where a machine is slow rather than dead: the planner may keep it.
-ADAPTABLE_KINDS = frozenset({"fail_slow", "thermal_throttle", "pcie_degradation"})
-
-
-def _new_classify_context() -> Any:
-    """One classify context per engine (None when diagnosis.classify is absent)."""
-    try:
-        from faultlens.diagnosis.classify import ClassifyContext
-    except ImportError:
-        return None
-    return ClassifyContext()
-
-
-def _load_classify() -> Any:
-    """diagnosis.classify.to_finding when that module is present (log-line meaning), else None."""
-    try:
-        from faultlens.diagnosis import classify
-    except ImportError:
-        return None
-    return getattr(classify, "to_finding", None)
-
-
-def default_detectors() -> list[Detector]:
-    """The models/ detectors that are installed (fail-slow, peer comparison); empty when none are."""
-    out: list[Detector] = []
-    try:
-        from faultlens.models.failslow import FailSlowDetector
-
-        out.append(FailSlowDetector())
-    except ImportError:
-        pass
-    try:
-        from faultlens.models.peer import PeerDetector
-
-        out.append(PeerDetector())
-    except ImportError:
-        pass
-    return out
-
-
-def run_records(engine: DiagnosisEngine, records: Iterable[Any], *, tick_every_s: float = 10.0,
-                progress: Callable[[int], None] | None = None, progress_every: int = 20_000) -> list[Output]:
-    """Feed time-ordered records, ticking on event time; a final tick settles what is pending.
-
-    ``progress(n)`` is called every ``progress_every`` records with the count so far.
-    """
-    outputs: list[Output] = []
-    next_tick: float | None = None
-    for n, rec in enumerate(records, 1):
-        if progress is not None and n % progress_every == 0:
-            progress(n)
-        ts = getattr(rec, "ts", None)
-        if isinstance(ts, (int, float)):
-            if next_tick is None or ts - next_tick > 100 * tick_every_s:
-                if next_tick is not None:  # a long silence in the input: one tick covers it
-                    outputs.extend(engine.tick(next_tick))
-                next_tick = ts + tick_every_s
-            while ts >= next_tick:
-                outputs.extend(engine.tick(next_tick))
-                next_tick += tick_every_s
-        outputs.extend(engine.observe(rec))
-    outputs.extend(engine.tick(engine.now))
-    outputs.extend(engine.tick(engine.now, final=True))
-    return outputs

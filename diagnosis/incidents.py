@@ -18,11 +18,20 @@ from typing import Any
 from faultlens.diagnosis.bursts import Burst, BurstGrouper
 from faultlens.diagnosis.inhibit import Cause, Inhibitor
 from faultlens.stream.schema import Incident
-from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE
+from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE, LineAction
 
 KIND_CATEGORY = INCIDENT_CATEGORY
 KIND_TITLE = INCIDENT_TITLE
 MAX_EVIDENCE = 40
+# Per-line actions from the mildest to the strongest: an incident remembers the strongest its lines carried.
+LINE_ACTION_ORDER = (LineAction.NONE, LineAction.NOTIFY, LineAction.ROLLBACK_CODE, LineAction.RESTART_JOB,
+                     LineAction.RESET_GPU, LineAction.RUN_DIAGNOSTICS, LineAction.EVICT_NODE)
+
+
+def stronger_line_action(a: str | None, b: str | None) -> str | None:
+    """The stronger of two per-line actions (None and unknown values are weakest)."""
+    rank: dict[str, int] = {v: i for i, v in enumerate(LINE_ACTION_ORDER)}
+    return max((x for x in (a, b) if x is not None), key=lambda x: rank.get(x, -1), default=None)
 
 
 @dataclass
@@ -43,6 +52,9 @@ class Signal:
     category: str | None = None
     severity: str = "critical"
     figures: dict[str, Any] = field(default_factory=dict)
+    # the per-line action of the signature the record matched (explain's verdict), when a line made it
+    action: str | None = None
+    signature: str | None = None  # that signature's rule id
 
     def evidence(self) -> dict[str, Any]:
         ev: dict[str, Any] = {"ts": self.ts, "source": self.source, "rule": self.rule, "text": self.text[:2000]}
@@ -93,13 +105,18 @@ class IncidentState:
     nan_search: str | None = None
     # why no decision was taken yet (policy.Hold), shown in the summary while the incident waits
     waiting: str | None = None
+    # the strongest per-line action of the signatures behind the incident's lines, and that signature
+    # (route action "signature": an unclassified incident takes what its line's catalog entry says)
+    line_action: str | None = None
+    signature: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"exception_ranks": {k: sorted(v) for k, v in self.exception_ranks.items()},
                 "notify": _decision_dict(self.notify), "pending": self.pending, "command": self.command,
                 "requested_ts": self.requested_ts, "corroborated_by": list(self.corroborated_by),
                 "is_cause": self.is_cause, "affected_nodes": list(self.affected_nodes),
-                "folded_into": self.folded_into, "nan_search": self.nan_search, "waiting": self.waiting}
+                "folded_into": self.folded_into, "nan_search": self.nan_search, "waiting": self.waiting,
+                "line_action": self.line_action, "signature": self.signature}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IncidentState:
@@ -113,7 +130,8 @@ class IncidentState:
                    notify=notify, pending=d.get("pending"), command=d.get("command"),
                    requested_ts=d.get("requested_ts"), corroborated_by=list(d.get("corroborated_by") or []),
                    is_cause=bool(d.get("is_cause", False)), affected_nodes=list(d.get("affected_nodes") or []),
-                   folded_into=d.get("folded_into"), nan_search=d.get("nan_search"), waiting=d.get("waiting"))
+                   folded_into=d.get("folded_into"), nan_search=d.get("nan_search"), waiting=d.get("waiting"),
+                   line_action=d.get("line_action"), signature=d.get("signature"))
 
 
 @dataclass
@@ -283,6 +301,10 @@ class IncidentBook:
 
     def _absorb(self, inc: OpenIncident, signal: Signal) -> None:
         inc.add_evidence(signal)
+        if signal.action is not None:
+            strongest = stronger_line_action(inc.state.line_action, signal.action)
+            if strongest != inc.state.line_action:
+                inc.state.line_action, inc.state.signature = strongest, signal.signature
         if signal.role in ("cause", "alert"):
             inc.confidence = max(inc.confidence, signal.confidence)
         elif inc.role not in ("cause", "alert"):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlens.diagnosis.incidents import MAX_EVIDENCE, IncidentBook, OpenIncident, Signal
 from faultlens.errors import CatalogError
 
 
@@ -74,6 +75,44 @@ class JobWideCorrelator:
         if len(job_nodes) >= rule.min_nodes and len(nodes) >= rule.needed(len(job_nodes)):
             return nodes
         return None
+
+    def file(self, book: IncidentBook, signal: Signal, rule: JobWideRule,
+             job_nodes: list[str]) -> tuple[OpenIncident | None, bool]:
+        """A watched host-level signal: into the job's open shared-cause incident, or opening it once most
+        of the job's nodes reported (the nodes' own incidents fold into it). Returns (the shared
+        incident or None when the signal stays a node's own, whether it was opened now)."""
+        if len(job_nodes) < rule.min_nodes or signal.node is None:
+            return None, False
+        key = (signal.job, rule.name)
+        open_id = self.open_incident.get(key)
+        shared = book.incidents.get(open_id) if open_id else None
+        if shared is None or shared.status != "open":
+            nodes = self.note(signal.job, rule, signal.ts, signal.node, set(job_nodes))
+            if nodes is None:
+                return None, False
+        else:
+            nodes = sorted(set(shared.state.affected_nodes) | {signal.node})
+        redirected = Signal(ts=signal.ts, job=signal.job, kind=rule.kind, role="job",
+                            confidence=max(0.7, signal.confidence), rule=f"jobwide:{rule.name}", source=signal.source,
+                            text=signal.text, node=signal.node, rank=signal.rank, category=signal.category,
+                            severity=signal.severity, figures={**signal.figures, "host_signal": signal.kind})
+        inc = book.add(redirected)
+        if inc is None:
+            return None, False
+        inc.state.affected_nodes = sorted(set(inc.state.affected_nodes) | set(nodes))
+        inc.summary = (f"{rule.cause}: {rule.name} on {len(inc.state.affected_nodes)}/{len(job_nodes)} nodes within "
+                       f"{rule.window_s:.0f} s; no machine is at fault")
+        if shared is inc:
+            return inc, False
+        self.open_incident[key] = inc.id
+        for other in book.open_incidents(signal.job):  # the nodes' own incidents fold into the shared one
+            if other is inc or other.kind not in rule.source_kinds or other.node is None or other.actions:
+                continue
+            other.status, other.state.folded_into, other.dirty = "resolved", inc.id, True
+            other.summary = f"part of the job-wide incident {inc.id} ({rule.cause})"
+            inc.evidence.extend(other.evidence[: max(0, MAX_EVIDENCE - len(inc.evidence))])
+        book.promote_cause(inc)
+        return inc, True
 
     def to_dict(self) -> dict[str, Any]:
         return {"seen": [[job, rule, [list(x) for x in q]] for (job, rule), q in self.seen.items()],

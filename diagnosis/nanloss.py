@@ -66,6 +66,13 @@ class NanWatch:
             if lv.first_bad is None:
                 lv.first_bad = (rec.step, rec.ts, bad)
             return bad
+        if rec.grad_norm is not None and not _finite(rec.grad_norm):
+            # The loss is still a number: a gradient that overflowed on this rank. Not a NaN signal
+            # (fp16 loss scaling skips such steps on every rank together), but a lead when this rank
+            # is alone in it and the loss goes NaN within LOOKBACK_STEPS.
+            if lv.first_bad is None and (lv.diverged is None or rec.step > lv.diverged[0] + LOOKBACK_STEPS):
+                lv.diverged = (rec.step, rec.ts, f"grad_norm={rec.grad_norm}")
+            return None
         diverged = self._diverged(lv, rec)
         if diverged and lv.first_bad is None and (lv.diverged is None or rec.step > lv.diverged[0] + LOOKBACK_STEPS):
             lv.diverged = (rec.step, rec.ts, diverged)

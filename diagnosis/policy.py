@@ -27,9 +27,25 @@ from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
+from faultlens.vocabulary import ActionType, LineAction, Severity
 
-ROUTE_ACTIONS = (*ACTION_TYPES, "stacks", "none")
-ROLES = ("cause", "alert", "symptom", "job", "info")
+# A route's action: an action type, "stacks" (the hang workflow), "none", or "signature": the action
+# of the catalog entry that explained the incident's line (explain's per-line verdict), mapped below.
+SIGNATURE = "signature"
+ROUTE_ACTIONS = (*ACTION_TYPES, "stacks", "none", SIGNATURE)
+# A per-line action (what explain says to do about a line) as what the runner is told to do. Resetting a
+# GPU needs the node drained first: stop-time checks on it. Rolling back code is never decided from one
+# kernel line: a person looks.
+SIGNATURE_ACTION: dict[str, ActionType] = {
+    LineAction.EVICT_NODE: ActionType.EVICT_NODES,
+    LineAction.RUN_DIAGNOSTICS: ActionType.RUN_DIAGNOSTICS,
+    LineAction.RESET_GPU: ActionType.RUN_DIAGNOSTICS,
+    LineAction.RESTART_JOB: ActionType.RESTART_JOB,
+    LineAction.ROLLBACK_CODE: ActionType.NOTIFY,
+    LineAction.NOTIFY: ActionType.NOTIFY,
+    LineAction.NONE: ActionType.NOTIFY,
+}
+ROLES = ("cause", "alert", "symptom", "job", "info", "note")  # note: diagnosis.notes
 SOURCES = ("kernel", "nccl", "gpu", "steps", "stacks", "model")
 
 
@@ -116,7 +132,7 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
             raise CatalogError(f"action {route.action!r} not in {ROUTE_ACTIONS}", file=str(path), entry=f"route.{kind}")
         routes[kind] = route
     for s in signals:
-        if s.kind and s.kind not in routes and s.role != "info":
+        if s.kind and s.kind not in routes and s.role not in ("info", "note"):
             raise CatalogError(f"kind {s.kind!r} has no [route.{s.kind}]", file=str(path), entry=s.name)
     if "ib_link" in routes and (network_alerts_to_evict is not None or network_window_s is not None):
         r = routes["ib_link"]
@@ -134,6 +150,19 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
         except re.error as exc:
             raise CatalogError(str(exc), file=str(path), entry="nan.patterns") from None
     return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
+
+
+# Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
+_KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
+                                LineAction.RESTART_JOB})
+
+
+def unmatched_but_actionable(record: KernelEvent | NcclEvent, finding: Finding) -> bool:
+    """A line no policy signal took that still asks for an action: any actionable kernel signature, a
+    critical eviction from an NCCL/torch line."""
+    if isinstance(record, KernelEvent):
+        return finding.action in _KERNEL_ACTIONABLE
+    return finding.severity == Severity.CRITICAL and finding.action == LineAction.EVICT_NODE
 
 
 class SignalMatcher:
@@ -169,6 +198,7 @@ class SignalMatcher:
                 category=finding.category if finding else None,
                 severity=finding.severity if finding else "critical",
                 figures={"xid": xid} if xid is not None else {},
+                action=finding.action if finding else None, signature=finding.rule if finding else None,
             )
         return None
 
@@ -197,6 +227,9 @@ class Policy:
 
     def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | None:
         route = self.route(inc.kind)
+        by_signature = route.action == SIGNATURE
+        if by_signature:
+            route = self._signature_route(inc, route)
         suspects = inc.top_suspects()
         top_nodes = _top_nodes(suspects)
         conf = inc.confidence
@@ -216,27 +249,43 @@ class Policy:
             if conf < route.min_confidence or not top_nodes:
                 return Decision("notify", top_nodes, f"{inc.kind} below the confidence to evict "
                                 f"({conf:.2f} < {route.min_confidence:.2f})", conf)
-            return Decision("evict_nodes", top_nodes, f"explicit machine fault ({inc.kind}) on {', '.join(top_nodes)}", conf)
+            what = f"{inc.kind}: signature {inc.state.signature}" if by_signature else inc.kind
+            return Decision("evict_nodes", top_nodes, f"explicit machine fault ({what}) on {', '.join(top_nodes)}", conf)
         if conf < route.min_confidence:
             return Decision("notify", top_nodes, f"{inc.kind} uncertain ({conf:.2f})", conf)
         reasons = {
-            "restart_job": f"{inc.kind}: transient or process-level fault, restart in place",
-            "run_diagnostics": f"{inc.kind}: no clear culprit, run stop-time diagnostics",
-            "notify": f"{inc.kind}: a person should look",
+            ActionType.RESTART_JOB: f"{inc.kind}: transient or process-level fault, restart in place",
+            ActionType.RUN_DIAGNOSTICS: f"{inc.kind}: no clear culprit, run stop-time diagnostics",
+            ActionType.NOTIFY: f"{inc.kind}: a person should look",
         }
-        return Decision(route.action, top_nodes, reasons.get(route.action, inc.kind), conf)
+        reason = reasons.get(route.action, inc.kind)
+        if by_signature:
+            reason += f" (signature {inc.state.signature} says {inc.state.line_action})"
+        return Decision(route.action, top_nodes, reason, conf)
+
+    @staticmethod
+    def _signature_route(inc: OpenIncident, route: Route) -> Route:
+        """Route action "signature": the incident's line's catalog entry says what to do (the strongest
+        per-line action among its lines); the route's confidence floor still applies, then the guard."""
+        action = SIGNATURE_ACTION.get(inc.state.line_action or LineAction.NOTIFY, ActionType.NOTIFY)
+        return Route(kind=route.kind, action=action, min_confidence=route.min_confidence,
+                     window_s=route.window_s, min_rank_fraction=route.min_rank_fraction)
 
     def _decide_exception(self, inc: OpenIncident, route: Route, world_size: int | None) -> Decision | None:
         ranks: dict[str, set[int]] = inc.state.exception_ranks
         if not ranks:
             return None
         text, holders = max(ranks.items(), key=lambda kv: len(kv[1]))
+        # The share among the ranks that raised a user-code exception at all (policy.toml): launchers
+        # kill the other ranks once one fails, so a real log holds a traceback from one rank per
+        # node, or from one rank only, far more often than from every rank of the job.
         reporting = set().union(*ranks.values())
-        denominator = max(world_size or 0, len(reporting), 1)
-        fraction = len(holders) / denominator
+        fraction = len(holders) / max(len(reporting), 1)
         if fraction >= route.min_rank_fraction:
-            return Decision("rollback_code", (), f"the same exception on {len(holders)}/{denominator} ranks: "
-                            f"{text[:200]} (user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
+            of_world = f" of {world_size}" if world_size else ""
+            return Decision("rollback_code", (), f"the same exception on {len(holders)}{of_world} rank(s), "
+                            f"{len(holders)}/{len(reporting)} of those that raised one: {text[:200]} "
+                            "(user code, never evict)", max(route.min_confidence, min(0.99, fraction)))
         return None
 
     def decide_nan(self, inc: OpenIncident, culprits: dict[str, str], job_nodes: list[str]) -> Decision:

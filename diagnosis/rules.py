@@ -55,6 +55,9 @@ class CounterRule:
     mask: int = 0
     sustain_samples: int = 1
     clock_drop_frac: float | None = None
+    # For the flag rule on ``lost``: a GPU missing from this many of its node's samples in a
+    # row counts as lost (nvidia-smi and dcgm-exporter leave out a GPU NVML cannot reach).
+    vanished_samples: int = 0
 
 
 def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
@@ -124,10 +127,12 @@ class CounterRules:
         self._edge_of = (lambda g: ()) if not fields else (lambda g, get=attrgetter(*fields): (get(g),))
         # A steady sample may skip every rule but the rate ones only if none of those fires on an unchanged value.
         self._steady_ok = all(r.threshold > 0 for r in self.rules if r.test in ("increase", "rate"))
+        self._vanish = max((r.vanished_samples for r in self.rules if r.field == "lost"), default=0)
+        self._present: dict[str, dict[int, int]] = {}  # node -> GPU index -> samples in a row it was missing
 
     def observe(self, sample: GpuSample) -> list[Finding]:
         out: list[Finding] = []
-        gpus = sample.gpus
+        gpus = self._with_vanished(sample) if self._vanish else sample.gpus
         ts = sample.ts
         for g in gpus:
             key = (sample.node, g.index)
@@ -149,6 +154,28 @@ class CounterRules:
             mem.last = g
             mem.edge = edge
         return out
+
+    def _with_vanished(self, sample: GpuSample) -> list[GpuState]:
+        """The sample's GPUs plus, as lost, each GPU the node reported before and has left out of
+        ``vanished_samples`` samples in a row (a sample with no GPU at all says nothing)."""
+        gpus = sample.gpus
+        if not gpus:
+            return gpus
+        seen = self._present.setdefault(sample.node, {})
+        here = {g.index for g in gpus}
+        extra: list[GpuState] = []
+        for index in list(seen):
+            if index in here:
+                continue
+            seen[index] += 1
+            if seen[index] >= self._vanish:
+                mem = self._gpus.get((sample.node, index))
+                last = mem.last if mem is not None else None
+                extra.append(GpuState(index=index, uuid=last.uuid if last else "", pci_bus=last.pci_bus if last else "",
+                                      lost=True))
+        for index in here:
+            seen[index] = 0
+        return gpus + extra if extra else gpus
 
     @staticmethod
     def _finding(rule: CounterRule, hit: tuple[dict[str, Any], dict[str, Any]], sample: GpuSample,

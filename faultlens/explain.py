@@ -13,6 +13,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -21,6 +22,7 @@ from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.nvsmi_text import looks_like_nvsmi, normalize
 from faultlens.collectors.stacks import looks_like_pyspy
 from faultlens.collectors.steps import StepLogParser, step_fields_duration
+from faultlens.collectors.unparsed import LONG_LINE, MAX_LINE_BYTES, clip, reason_of, too_long
 from faultlens.diagnosis.classify import (
     Classification,
     ClassifyContext,
@@ -29,6 +31,7 @@ from faultlens.diagnosis.classify import (
     classify_nvsmi,
 )
 from faultlens.stream.schema import KernelEvent, StepTiming
+from faultlens.vocabulary import Category
 
 SOURCES = ("kernel", "nccl", "stack", "steps", "nvsmi", "unknown")
 _KERNEL_HINT = re.compile(r"NVRM|kernel: |^\[\s*[+]?\d+\.\d+\]|^\d+,\d+,\d+,|mlx5_core|EDAC|^kern\s+:|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} ", re.M)
@@ -69,30 +72,117 @@ def detect_format(head: list[str]) -> str:
     return best
 
 
-def _records(parser, lines: Iterable[str], source: str, ctx: ClassifyContext) -> Iterator[ExplainedLine]:
-    pending: deque[tuple[int, str]] = deque()
-    for no, line in enumerate(lines, 1):
-        line = line.rstrip("\r\n")
-        pending.append((no, line))
-        for rec in parser.feed(line):
-            c = classify(rec, ctx)
-            for _ in range(rec.raw.count("\n") + 1):
-                n, t = pending.popleft()
-                yield ExplainedLine(n, t, source, c)
-        if not line.strip():
-            n, t = pending.popleft()
-            yield ExplainedLine(n, t, source, EMPTY)
-    for rec in parser.flush():
-        c = classify(rec, ctx)
-        for _ in range(rec.raw.count("\n") + 1):
-            n, t = pending.popleft()
-            yield ExplainedLine(n, t, source, c)
-    while pending:  # never drop a line
-        n, t = pending.popleft()
-        yield ExplainedLine(n, t, source, EMPTY if not t.strip() else Classification("unknown", "info", "none", "Not recognised.", None))
+def unparsed(reason: str) -> Classification:
+    """A line that gave no record: what explain says instead of a traceback (collectors/unparsed.py)."""
+    return Classification("unknown", "warning", "none", f"Unparsed: {reason}", UNPARSED, family=UNPARSED)
+
+
+UNPARSED = "unparsed"
+LONG = unparsed(f"{LONG_LINE} (over {MAX_LINE_BYTES:,} bytes); not parsed, text cut")
+NOT_RECOGNISED = Classification("unknown", "info", "none", "Not recognised.", None)
+
+
+def _classify(rec: Any, ctx: ClassifyContext) -> Classification:
+    try:
+        return classify(rec, ctx)
+    except Exception as exc:  # noqa: BLE001 - one odd record must not stop the file
+        return unparsed(f"classification failed: {reason_of(exc)}")
 
 
 BATCH = 4096
+
+
+def _parsed(parser: Any, lines: Iterable[str], source: str, ordinary: Classification | None) -> Iterator[ExplainedLine]:
+    """Every line through ``parser``, one ExplainedLine each, in order, whatever the lines hold.
+
+    With ``ordinary`` (kernel only), batches go through ``feed_many``: ordinary lines skip
+    parsing and classification. A batch the fast path fails on is replayed line by line on
+    a clean parser; a line ``feed`` fails on is ``unparsed`` with the reason, and so are the
+    lines of the record it left open (the parser starts clean after it). A line over
+    MAX_LINE_BYTES is not parsed (the parser sees a record boundary) and its text is cut.
+    """
+    ctx = ClassifyContext()
+    pending: deque[tuple[int, str]] = deque()
+    long_lines: set[int] = set()
+
+    def out(n: int, t: str, c: Classification) -> ExplainedLine:
+        if n in long_lines:
+            long_lines.discard(n)
+            return ExplainedLine(n, clip(t), source, LONG)
+        return ExplainedLine(n, t, source, c)
+
+    def drain(items: list[Any]) -> Iterator[ExplainedLine]:
+        pop = pending.popleft
+        for it in items:
+            if isinstance(it, int):
+                for _ in range(it):
+                    if not pending:
+                        return
+                    n, t = pop()
+                    yield out(n, t, ordinary if ordinary is not None and t.strip() else EMPTY)
+            else:
+                c = _classify(it, ctx)
+                for _ in range(it.raw.count("\n") + 1):
+                    if not pending:
+                        return
+                    n, t = pop()
+                    yield out(n, t, c)
+
+    def lost(no: int | None, reason: str) -> Iterator[ExplainedLine]:
+        """The parser failed: the lines it held, and line ``no``, are unparsed; it starts clean."""
+        held = unparsed(f"in the record open when line {no} failed ({reason})") if no is not None else unparsed(reason)
+        bad = unparsed(reason)
+        while pending:
+            n, t = pending.popleft()
+            yield out(n, t, bad if n == no else held)
+        parser.reset()
+
+    def one(no: int, line: str) -> Iterator[ExplainedLine]:
+        pending.append((no, line))
+        text = "" if no in long_lines else line
+        try:
+            items = parser.feed(text)
+        except Exception as exc:  # noqa: BLE001
+            yield from lost(no, reason_of(exc))
+            return
+        yield from drain([*items, 1] if not text.strip() else items)
+
+    def run(batch: list[tuple[int, str]]) -> Iterator[ExplainedLine]:
+        if ordinary is None:
+            for no, line in batch:
+                yield from one(no, line)
+            return
+        pending.extend(batch)
+        try:
+            items = parser.feed_many(["" if no in long_lines else line for no, line in batch])
+        except Exception:  # noqa: BLE001 - replayed line by line below, where the line is named
+            replay = list(pending)
+            pending.clear()
+            parser.reset()
+            for no, line in replay:
+                yield from one(no, line)
+            return
+        yield from drain(items)
+
+    batch: list[tuple[int, str]] = []
+    for no, line in enumerate(lines, 1):
+        line = line.rstrip("\r\n")
+        if too_long(line):
+            long_lines.add(no)
+        batch.append((no, line))
+        if len(batch) >= BATCH:
+            yield from run(batch)
+            batch = []
+    yield from run(batch)
+    try:
+        items = parser.finish() if ordinary is not None else parser.flush()
+    except Exception as exc:  # noqa: BLE001
+        yield from lost(None, f"at the end of the input: {reason_of(exc)}")
+        items = []
+    yield from drain(items)
+    while pending:  # never drop a line
+        n, t = pending.popleft()
+        yield out(n, t, EMPTY if not t.strip() else NOT_RECOGNISED)
 
 
 def _ordinary_fast_path() -> tuple[tuple[str, ...], Classification] | None:
@@ -119,69 +209,47 @@ def _ordinary_fast_path() -> tuple[tuple[str, ...], Classification] | None:
     return tuple(words), c
 
 
-def _kernel_fast(parser: KernelParser, lines: Iterable[str], ordinary: Classification) -> Iterator[ExplainedLine]:
-    """Like ``_records`` for the kernel, with feed_many: ordinary lines skip parsing and classification."""
-    ctx = ClassifyContext()
-    pending: deque[tuple[int, str]] = deque()
-    no = 0
-    batch: list[str] = []
-
-    def drain(items: list) -> Iterator[ExplainedLine]:
-        pop = pending.popleft
-        for it in items:
-            if isinstance(it, int):
-                for _ in range(it):
-                    n, t = pop()
-                    yield ExplainedLine(n, t, "kernel", ordinary if t.strip() else EMPTY)
-            else:
-                c = classify(it, ctx)
-                for _ in range(it.raw.count("\n") + 1):
-                    n, t = pop()
-                    yield ExplainedLine(n, t, "kernel", c)
-
-    for line in lines:
-        no += 1
-        line = line.rstrip("\r\n")
-        pending.append((no, line))
-        batch.append(line)
-        if len(batch) >= BATCH:
-            yield from drain(parser.feed_many(batch))
-            batch = []
-    yield from drain(parser.feed_many(batch) + parser.finish())
-    while pending:  # never drop a line
-        n, t = pending.popleft()
-        yield ExplainedLine(n, t, "kernel", EMPTY if not t.strip() else Classification("unknown", "info", "none", "Not recognised.", None))
-
-
 def _steps(lines: Iterable[str]) -> Iterator[ExplainedLine]:
     parser = StepLogParser()
     for no, line in enumerate(lines, 1):
         line = line.rstrip("\r\n")
-        s = line.strip()
-        c = NOT_STEP
-        if s.startswith("{"):
-            try:
-                obj = orjson.loads(s)
-                c = classify(StepTiming(ts=float(obj.get("ts", 0)), job=str(obj.get("job", "")), rank=int(obj.get("rank", 0)),
-                                        node=str(obj.get("node", "")), step=int(obj.get("step", 0)),
-                                        duration_s=float(obj.get("duration_s", 0)), loss=_f(obj.get("loss")),
-                                        grad_norm=_f(obj.get("grad_norm"))))
-            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
-                c = Classification("unknown", "warning", "notify", "A JSON step line that does not decode.", None)
-        else:
-            got = [g for g in parser.feed(line)] + ([] if parser._held is None else [parser._held])
-            if got:
-                fw, f = got[-1]
-                loss = _f(f.get("lm_loss", f.get("loss")))
-                gn = _f(f.get("grad_norm"))
-                step = f.get("iteration", f.get("step", f.get("global_step", 0)))
-                c = classify(StepTiming(ts=0.0, job="", rank=0, node="", step=int(step or 0),
-                                        duration_s=step_fields_duration(f) or 0.0, loss=loss, grad_norm=gn))
-                if c.rule == "steps.timing":
-                    c = Classification("none", "info", "none", f"A {fw} step line: timing, loss and throughput of one step.", "steps.timing")
-            elif not s:
-                c = EMPTY
+        if too_long(line):
+            yield ExplainedLine(no, clip(line), "steps", LONG)
+            continue
+        try:
+            c = _step(parser, line)
+        except Exception as exc:  # noqa: BLE001 - one bad line must not stop the file
+            parser = StepLogParser()
+            c = unparsed(reason_of(exc))
         yield ExplainedLine(no, line, "steps", c)
+
+
+def _step(parser: StepLogParser, line: str) -> Classification:
+    s = line.strip()
+    c = NOT_STEP
+    if s.startswith("{"):
+        try:
+            obj = orjson.loads(s)
+            c = classify(StepTiming(ts=float(obj.get("ts", 0)), job=str(obj.get("job", "")), rank=int(obj.get("rank", 0)),
+                                    node=str(obj.get("node", "")), step=int(obj.get("step", 0)),
+                                    duration_s=float(obj.get("duration_s", 0)), loss=_f(obj.get("loss")),
+                                    grad_norm=_f(obj.get("grad_norm"))))
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, OverflowError):
+            c = Classification("unknown", "warning", "notify", "A JSON step line that does not decode.", None)
+    else:
+        got = [g for g in parser.feed(line)] + ([] if parser._held is None else [parser._held])
+        if got:
+            fw, f = got[-1]
+            loss = _f(f.get("lm_loss", f.get("loss")))
+            gn = _f(f.get("grad_norm"))
+            step = f.get("iteration", f.get("step", f.get("global_step", 0)))
+            c = classify(StepTiming(ts=0.0, job="", rank=0, node="", step=int(step or 0),
+                                    duration_s=step_fields_duration(f) or 0.0, loss=loss, grad_norm=gn))
+            if c.rule == "steps.timing":
+                c = Classification("none", "info", "none", f"A {fw} step line: timing, loss and throughput of one step.", "steps.timing")
+        elif not s:
+            c = EMPTY
+    return c
 
 
 def _f(v: object) -> float | None:
@@ -206,32 +274,64 @@ def explain_lines(lines: Iterable[str], fmt: str | None = None, *, year: int | N
         yield from head
         yield from it
 
-    ctx = ClassifyContext()
     fast = _ordinary_fast_path() if fmt == "kernel" else None
     if fast is not None:
-        yield from _kernel_fast(KernelParser(year=year, extra_hot=fast[0]), all_lines(), fast[1])
+        yield from _parsed(KernelParser(year=year, extra_hot=fast[0]), all_lines(), "kernel", fast[1])
     elif fmt == "kernel":
-        yield from _records(KernelParser(year=year), all_lines(), "kernel", ctx)
+        yield from _parsed(KernelParser(year=year), all_lines(), "kernel", None)
     elif fmt == "nccl":
-        yield from _records(NcclParser(year=year), all_lines(), "nccl", ctx)
+        yield from _parsed(NcclParser(year=year), all_lines(), "nccl", None)
     elif fmt == "stack":
         for no, line in enumerate(all_lines(), 1):
             line = line.rstrip("\r\n")
-            yield ExplainedLine(no, line, "stack", STACK_LINE if line.strip() else EMPTY)
+            yield ExplainedLine(no, clip(line), "stack", LONG) if too_long(line) else (
+                ExplainedLine(no, line, "stack", STACK_LINE if line.strip() else EMPTY))
     elif fmt == "steps":
         yield from _steps(all_lines())
     elif fmt == "nvsmi":  # nvidia-smi -q / dcgmi diag text: catalogs/nvsmi.toml
-        raw = [ln.rstrip("\r\n") for ln in all_lines()]
-        for no, (line, norm) in enumerate(zip(raw, normalize(raw), strict=True), 1):
-            yield ExplainedLine(no, line, "nvsmi", classify_nvsmi(norm) if line.strip() else EMPTY)
+        yield from _nvsmi(all_lines())
     else:
         for no, line in enumerate(all_lines(), 1):
-            yield ExplainedLine(no, line.rstrip("\r\n"), "unknown", Classification("unknown", "info", "none", "Not recognised.", None))
+            line = line.rstrip("\r\n")
+            yield ExplainedLine(no, clip(line), "unknown", LONG) if too_long(line) else (
+                ExplainedLine(no, line, "unknown", NOT_RECOGNISED))
+
+
+def _nvsmi(lines: Iterable[str]) -> Iterator[ExplainedLine]:
+    raw = [ln.rstrip("\r\n") for ln in lines]
+    long = {i for i, ln in enumerate(raw) if too_long(ln)}
+    text = ["" if i in long else ln for i, ln in enumerate(raw)]
+    try:
+        norm = list(normalize(text))
+    except Exception:  # noqa: BLE001 - each line on its own (sections are lost), the failing one named
+        norm = []
+        for ln in text:
+            try:
+                norm.extend(normalize([ln]))
+            except Exception as exc:  # noqa: BLE001
+                norm.append(_BAD + reason_of(exc))
+    for no, (line, n) in enumerate(zip(raw, norm, strict=True), 1):
+        if no - 1 in long:
+            yield ExplainedLine(no, clip(line), "nvsmi", LONG)
+            continue
+        if n.startswith(_BAD):
+            c = unparsed(n[len(_BAD):])
+        elif not line.strip():
+            c = EMPTY
+        else:
+            try:
+                c = classify_nvsmi(n)
+            except Exception as exc:  # noqa: BLE001
+                c = unparsed(f"classification failed: {reason_of(exc)}")
+        yield ExplainedLine(no, line, "nvsmi", c)
+
+
+_BAD = "\x00unparsed\x00"
 
 
 # --------------------------------------------------------------------------- agreement with labels
 
-KERNEL_CATEGORY = {"gpu_memory_ecc": "gpu_memory", "thermal": "thermal_power"}
+KERNEL_CATEGORY = {"gpu_memory_ecc": Category.GPU_MEMORY, "thermal": Category.THERMAL_POWER}
 # NCCL labels use their own taxonomy. Collective timeouts and fabric configuration
 # failures are classified as `network` (where collectives broke); `unknown` in a
 # label means the thread never found a cause, so it makes no category claim.

@@ -371,7 +371,7 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
     window = float(cx["companion_window_s"])
     derived = set(cx["derived"])
 
-    if process and process in cx["driver_processes"] and c.category in ("gpu_hardware", "user_software"):
+    if process and process in cx["driver_processes"] and c.category in (Category.GPU_HARDWARE, Category.USER_SOFTWARE):
         c = _with(c, category="driver", rule=f"xid.{code}.driver_process",
                   meaning=f"{c.meaning} Raised by driver tooling ({process}), not a workload: points at the driver/firmware.")
     elif entry is not None and entry.nvidia_category == "user_application" and entry.result.action == "restart_job" and rec.pid is not None:
@@ -446,7 +446,7 @@ def _apply_repeat(rule: Rule, rec: Any, ctx: ClassifyContext | None) -> Classifi
     return rule.result
 
 
-def classify(record: Any, context: ClassifyContext | None = None) -> Classification:
+def classify(record: object, context: ClassifyContext | None = None) -> Classification:
     """Map one record (KernelEvent, NcclEvent, StepTiming, StackDump) to what it means."""
     cats = catalogs()
     if isinstance(record, KernelEvent):
@@ -501,7 +501,7 @@ def _classify_step(rec: StepTiming) -> Classification:
 _SOURCES: dict[type, str] = {KernelEvent: "kernel", NcclEvent: "nccl", StepTiming: "steps", StackDump: "stacks"}
 
 
-def to_finding(record: Any, context: ClassifyContext | None = None) -> Finding | None:
+def to_finding(record: object, context: ClassifyContext | None = None) -> Finding | None:
     """The record as diagnostic evidence, or None when it is a normal / benign line."""
     c = classify(record, context)
     if c.rule is None or c.benign or c.category == "none":

@@ -38,17 +38,22 @@ from faultlens.models.params import load_params
 from faultlens.models.predictor import _columns
 from faultlens.stream.schema import Finding
 from faultlens.stream.topology import Topology
-from faultlens.vocabulary import FAULT_CATEGORY, FaultKind
+from faultlens.vocabulary import FAULT_CATEGORY, Category, FaultKind, LineAction, Severity
 
 HEALTHY = FaultKind.HEALTHY.value
 KIND_CATEGORY = FAULT_CATEGORY
-KIND_ACTION = {  # per-line action vocabulary
-    "gpu_lost": "evict_node", "ecc_uncorrectable": "evict_node", "row_remap_failure": "evict_node",
-    "nvlink_error": "evict_node", "ib_link_persistent": "evict_node", "ib_flap_transient": "none",
-    "pcie_degradation": "evict_node", "thermal_throttle": "evict_node", "host_oom": "restart_job",
-    "hung_task": "run_diagnostics", "user_exception": "rollback_code", "nan_loss": "run_diagnostics",
-    "hang_stuck_rank": "evict_node", "slow_storage": "notify", "seq_surge": "none", HEALTHY: "none",
+KIND_ACTION: dict[str, LineAction] = {  # what a finding of each class asks for (per-line action vocabulary)
+    FaultKind.GPU_LOST: LineAction.EVICT_NODE, FaultKind.ECC_UNCORRECTABLE: LineAction.EVICT_NODE,
+    FaultKind.ROW_REMAP_FAILURE: LineAction.EVICT_NODE, FaultKind.NVLINK_ERROR: LineAction.EVICT_NODE,
+    FaultKind.IB_LINK_PERSISTENT: LineAction.EVICT_NODE, FaultKind.IB_FLAP_TRANSIENT: LineAction.NONE,
+    FaultKind.PCIE_DEGRADATION: LineAction.EVICT_NODE, FaultKind.THERMAL_THROTTLE: LineAction.EVICT_NODE,
+    FaultKind.HOST_OOM: LineAction.RESTART_JOB, FaultKind.HUNG_TASK: LineAction.RUN_DIAGNOSTICS,
+    FaultKind.USER_EXCEPTION: LineAction.ROLLBACK_CODE, FaultKind.NAN_LOSS: LineAction.RUN_DIAGNOSTICS,
+    FaultKind.HANG_STUCK_RANK: LineAction.EVICT_NODE, FaultKind.SLOW_STORAGE: LineAction.NOTIFY,
+    FaultKind.SEQ_SURGE: LineAction.NONE, FaultKind.HEALTHY: LineAction.NONE,
 }
+# The finding an unsure classifier emits instead of a fault (a note for the incident, never an incident).
+DEFERRED = "classifier_deferred"
 MODEL_FILE = "model.ubj"
 SIDECAR_FILE = "model.json"
 LABEL_CATALOG = Path(__file__).resolve().parent / "catalogs" / "labels.toml"
@@ -156,14 +161,20 @@ def window_label(truth: dict[str, Any], node: str, start_ts: float, end_ts: floa
 
 
 class FaultClassifier:
-    """xgboost over window feature rows; classes are fault kinds plus ``healthy``."""
+    """xgboost over window feature rows; classes are fault kinds plus ``healthy``.
+
+    Trees of depth 3 by default: on the held-out family (benchmarks/classifier.py --quick),
+    depth 4 and 6 sent healthy windows of a stalled job into hang_stuck_rank depending on the
+    seed (its F1 0.76-0.95); depth 3 kept every class at 0.9 or more over seeds 0-2.
+    """
 
     name = "fault_classifier"
 
-    def __init__(self, *, n_estimators: int = 200, max_depth: int = 4, learning_rate: float = 0.1,
-                 seed: int = 0, colsample: float = 0.3, features: tuple[str, ...] = FEATURES) -> None:
+    def __init__(self, *, n_estimators: int = 200, max_depth: int = 3, learning_rate: float = 0.1,
+                 seed: int = 0, colsample: float = 0.3, tree_method: str = "hist",
+                 features: tuple[str, ...] = FEATURES) -> None:
         self.params = {"n_estimators": n_estimators, "max_depth": max_depth, "learning_rate": learning_rate,
-                       "seed": seed, "colsample": colsample}
+                       "seed": seed, "colsample": colsample, "tree_method": tree_method}
         self.features = tuple(features)
         self.classes_: list[str] | None = None
         self.metadata: dict[str, Any] = {}
@@ -191,7 +202,8 @@ class FaultClassifier:
         dtrain = xgb.DMatrix(M, label=target, weight=weight, feature_names=list(self.features))
         p = self.params
         booster_params = {"objective": "multi:softprob", "num_class": len(classes), "max_depth": p["max_depth"],
-                          "eta": p["learning_rate"], "seed": p["seed"], "nthread": 1, "tree_method": "hist",
+                          "eta": p["learning_rate"], "seed": p["seed"], "nthread": 1,
+                          "tree_method": p.get("tree_method", "hist"),
                           # Each split sees a random share of the features: a fault with several
                           # pieces of evidence (a counter, an Xid, an NCCL line) is then learnt from
                           # all of them, not only from the one a first split happened to pick.
@@ -224,6 +236,10 @@ class FaultClassifier:
 
     def score_rows(self, rows: dict[str, dict[str, float]]) -> dict[str, tuple[str, float]]:
         """node -> (class, probability) for one window's feature rows."""
+        return {n: top[0] for n, top in self.top_guesses(rows, 1).items()}
+
+    def top_guesses(self, rows: dict[str, dict[str, float]], k: int = 3) -> dict[str, list[tuple[str, float]]]:
+        """node -> its ``k`` likeliest classes with their probabilities, likeliest first."""
         if not rows:
             return {}
         nodes = sorted(rows)
@@ -232,9 +248,9 @@ class FaultClassifier:
             raise FeatureMismatch(f"missing features: {', '.join(missing)}")
         M = np.array([[rows[n][f] for f in self.features] for n in nodes], dtype=float)
         proba = self.predict_proba_matrix(M)
-        best = np.argmax(proba, axis=1)
+        order = np.argsort(-proba, axis=1, kind="stable")[:, :k]
         assert self.classes_ is not None
-        return {n: (self.classes_[b], float(proba[i, b])) for i, (n, b) in enumerate(zip(nodes, best, strict=True))}
+        return {n: [(self.classes_[j], float(proba[i, j])) for j in order[i]] for i, n in enumerate(nodes)}
 
     # ---- persistence
     def save(self, path: str | Path) -> Path:
@@ -344,11 +360,17 @@ class ClassifierDetector:
         end_ts = (self._window + 1) * self.window_s
         rows = self.features.window(self._buf, self._nodes, end_ts=end_ts)
         self._buf = []
-        scores = self.model.score_rows(rows)
+        guesses = self.model.top_guesses(rows, 3)
+        scores = {n: top[0] for n, top in guesses.items()}
         out: list[Finding] = []
         job_votes: Counter[str] = Counter()
         for node, (kind, prob) in scores.items():
-            if kind == HEALTHY or prob < self.min_probability:
+            if prob < self.min_probability:
+                deferred = self._deferred(end_ts, node, guesses[node])
+                if deferred is not None:
+                    out.append(deferred)
+                continue
+            if kind == HEALTHY:
                 continue
             if kind in JOB_WIDE_KINDS:
                 job_votes[kind] += 1
@@ -365,14 +387,32 @@ class ClassifierDetector:
                                          node=None, rows=None, votes=votes, machines=len(scores)))
         return out
 
+    def _deferred(self, ts: float, node: str, top: list[tuple[str, float]]) -> Finding | None:
+        """Unsure (the likeliest class under ``min_probability``): no fault of its own; a note that names
+        the top guesses and leaves the decision to the rules. Only when a fault is among the two
+        likeliest classes, once per machine and set of guesses."""
+        faults = [k for k, _ in top[:2] if k != HEALTHY]
+        key = (node, DEFERRED + ":" + ",".join(sorted(faults)))
+        if not faults or key in self._reported:
+            return None
+        self._reported.add(key)
+        named = ", ".join(f"{k} p={p:.2f}" for k, p in top)
+        return Finding(ts=ts, kind=DEFERRED, category=Category.UNKNOWN, severity=Severity.INFO,
+                       action=LineAction.NONE, confidence=round(top[0][1], 3), source="model:classifier",
+                       rule=f"classifier.v{FEATURE_SET_VERSION}.deferred",
+                       text=f"{node}: the classifier is unsure (top guesses {named}; below min_probability "
+                            f"{self.min_probability:.2f}): it defers to the rules", node=node,
+                       figures={"top": [[k, round(p, 4)] for k, p in top], "min_probability": self.min_probability,
+                                "window_s": self.window_s})
+
     def _finding(self, ts: float, kind: str, prob: float, *, node: str | None, rows: dict[str, float] | None,
                  votes: int = 0, machines: int = 0) -> Finding:
         top = {}
         if rows is not None:
             top = {f: round(v, 4) for f, v in rows.items() if v and f in _SALIENT}
         where = node or f"{votes} of {machines} machines"
-        return Finding(ts=ts, kind=kind, category=KIND_CATEGORY.get(kind, "unknown"), severity="warning",
-                       action=KIND_ACTION.get(kind, "notify"), confidence=round(prob, 3),
+        return Finding(ts=ts, kind=kind, category=KIND_CATEGORY.get(kind, Category.UNKNOWN), severity=Severity.WARNING,
+                       action=KIND_ACTION.get(kind, LineAction.NOTIFY), confidence=round(prob, 3),
                        source="model:classifier", rule=f"classifier.v{FEATURE_SET_VERSION}",
                        text=f"{where}: window features look like {kind} (p={prob:.2f})", node=node,
                        figures={"probability": round(prob, 4), "window_s": self.window_s, "features": top})

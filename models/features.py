@@ -18,7 +18,7 @@ Groups of features:
 * Step statistics: the machine's worst workload-normalised compute ratio
   (models/predictor.py), its wait share and step lag, the share of its step
   reports whose loss was lost (NaN/null); and job-wide context every machine's
-  row carries (job median ratio, input/overhead ratio, effective sequence length
+  row carries (job median ratio, overhead share beyond baseline, effective sequence length
   ratio, NaN share, share of machines with Python exceptions, progress: steps in
   the window against the job's usual pace), because job-wide faults look the
   same on every machine.
@@ -30,6 +30,14 @@ trained on small clusters then reads a large one's rows on the same scale.
 v2: ``nan_loss_steps`` (a count) became ``nan_loss_share``, ``job_steps`` (a
 count) became ``job_progress``; kernel lines of container veth interfaces no
 longer count as IB link events (``exclude`` in the event catalog).
+
+v4: a storage server's recovery line ("nfs: server X OK") no longer counts as a
+storage error but as ``storage_recovered``; ``storage_open`` says the machine's
+latest storage line is an error with no recovery after it (the stall is still on);
+``job_overhead_share``, the share of the job's median step that is overhead
+beyond the job's own baseline, replaces ``job_overhead_ratio`` (which divided by
+that baseline: tiny on some jobs, so step-time noise alone moved it by a third on
+the held-out family's slow steps, and healthy windows read as slow storage).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from faultlens.models.predictor import JobStepPredictor
 from faultlens.stream.schema import GpuSample, KernelEvent, NcclEvent, StepTiming
 from faultlens.stream.topology import Topology
 
-FEATURE_SET_VERSION = 3
+FEATURE_SET_VERSION = 4
 EVENT_CATALOG = Path(__file__).resolve().parent / "catalogs" / "event_features.toml"
 
 NVML_FEATURES = (
@@ -62,17 +70,19 @@ NVML_FEATURES = (
 )
 XID_FEATURES = ("xid_gpu_lost", "xid_ecc", "xid_remap", "xid_nvlink", "xid_other")
 KERNEL_FEATURES = ("gpu_fell_off_bus", "pcie_aer", "ib_link_down", "ib_link_up", "oom_kill", "hung_task",
-                   "storage_error", "edac", "sxid")
+                   "storage_error", "storage_recovered", "edac", "sxid")
+DERIVED_KERNEL_FEATURES = ("storage_open",)
 NCCL_FEATURES = ("nccl_timeout", "nccl_ib_error", "py_exception", "nccl_warn", "timeout_silent_ranks")
 STEP_FEATURES = (
     "step_ratio_max", "step_ratio_node_median", "wait_share", "step_lag", "nan_loss_share",
-    "job_step_ratio", "job_overhead_ratio", "job_len_ratio", "job_nan_share", "job_exception_share",
-    "job_progress",
+    "job_step_ratio", "job_overhead_share", "job_len_ratio", "job_nan_share",
+    "job_exception_share", "job_progress",
 )
-FEATURES: tuple[str, ...] = NVML_FEATURES + XID_FEATURES + KERNEL_FEATURES + NCCL_FEATURES + STEP_FEATURES
+FEATURES: tuple[str, ...] = (NVML_FEATURES + XID_FEATURES + KERNEL_FEATURES + DERIVED_KERNEL_FEATURES + NCCL_FEATURES
+                             + STEP_FEATURES)
 # A machine with no data of a group in the window reads as "nothing unusual".
 _NEUTRAL = {f: 1.0 for f in ("clock_min_ratio", "power_min_ratio", "step_ratio_max", "step_ratio_node_median",
-                             "job_step_ratio", "job_overhead_ratio", "job_len_ratio")}
+                             "job_step_ratio", "job_len_ratio")}
 
 
 @dataclass(frozen=True)
@@ -211,9 +221,14 @@ class WindowFeatures:
         while self._timeouts and self._timeouts[0][0] < end_ts - self.lookback_s:
             self._timeouts.popleft()
         self._silent(row, end_ts)
+        last_storage: dict[str, tuple[float, str]] = {}
         for ts, node, f in self._events:
             if ts < end_ts:
                 row(node)[f] += 1.0
+                if f in ("storage_error", "storage_recovered") and ts >= last_storage.get(node, (-math.inf, ""))[0]:
+                    last_storage[node] = (ts, f)
+        for node, (_, f) in last_storage.items():
+            row(node)["storage_open"] = 1.0 if f == "storage_error" else 0.0
         self._per_rank(rows)
         self._gpu(gpu_recs, row)
         self._steps(steps, row, rows)
@@ -362,7 +377,7 @@ class WindowFeatures:
             node_step: dict[str, int] = {}
             node_nan: dict[str, int] = defaultdict(int)
             node_recs: dict[str, int] = defaultdict(int)
-            overheads, lens, all_ratios = [], [], []
+            overheads, durations, lens, all_ratios = [], [], [], []
             nan_steps = 0
             exceptions = 0
             rank_node: dict[int, str] = {}
@@ -372,6 +387,7 @@ class WindowFeatures:
                 res = pred.observe_step(recs)
                 dur = float(np.median(res.duration_s))
                 overheads.append(dur - float(res.compute_s.max()))
+                durations.append(dur)
                 tok = sum((r.tokens or r.sum_len) for r in recs)
                 lens.append(sum(r.sum_len_sq for r in recs) / max(tok, 1))
                 step_nan = False
@@ -404,7 +420,8 @@ class WindowFeatures:
             base_over = float(np.median(ob)) if ob else 0.0
             base_len = float(np.median(lb)) if lb else 0.0
             job_ratio = float(np.median(all_ratios)) if all_ratios else 1.0
-            over_ratio = (float(np.median(overheads)) + 0.05) / (base_over + 0.05) if overheads else 1.0
+            med_dur = float(np.median(durations)) if durations else 0.0
+            over_share = max(0.0, float(np.median(overheads)) - base_over) / med_dur if med_dur > 0 else 0.0
             len_ratio = float(np.median(lens)) / base_len if lens and base_len > 0 else 1.0
             # Progress against the job's own pace (steps per window differ by orders of magnitude
             # between jobs and cluster sizes; a stall or a slowdown is a share of the usual).
@@ -434,7 +451,7 @@ class WindowFeatures:
                 r["step_lag"] = float(max_step - node_step.get(node, min(step_ids, default=1) - 1))
                 r["nan_loss_share"] = node_nan.get(node, 0) / node_recs[node] if node_recs.get(node) else 0.0
                 r["job_step_ratio"] = job_ratio
-                r["job_overhead_ratio"] = over_ratio
+                r["job_overhead_share"] = over_share
                 r["job_len_ratio"] = len_ratio
                 r["job_nan_share"] = nan_steps / max(len(step_ids), 1)
                 r["job_exception_share"] = exceptions / max(len(job_nodes), 1)

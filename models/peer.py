@@ -22,6 +22,7 @@ import numpy as np
 from faultlens.models.params import load_params
 from faultlens.stream.schema import Finding, GpuSample
 from faultlens.stream.topology import Topology
+from faultlens.vocabulary import Category
 
 PEER_FEATURES = ("util", "power_w", "sm_clock_mhz", "temp_c", "throttle_share")
 # NVML clocks-event reasons that mean the GPU is being held back (not idle/app-clock bits):
@@ -29,8 +30,8 @@ PEER_FEATURES = ("util", "power_w", "sm_clock_mhz", "temp_c", "throttle_share")
 THROTTLE_BAD_BITS = 0x8 | 0x20 | 0x40 | 0x80
 # Absolute MAD floors, in each feature's unit.
 _ABS_FLOOR = {"util": 2.0, "power_w": 10.0, "sm_clock_mhz": 20.0, "temp_c": 2.0, "throttle_share": 0.05}
-_CATEGORY = {"temp_c": "thermal_power", "throttle_share": "thermal_power", "sm_clock_mhz": "thermal_power",
-             "power_w": "thermal_power", "util": "unknown"}
+_CATEGORY = {"temp_c": Category.THERMAL_POWER, "throttle_share": Category.THERMAL_POWER,
+             "sm_clock_mhz": Category.THERMAL_POWER, "power_w": Category.THERMAL_POWER, "util": Category.UNKNOWN}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 from faultlens.models.classifier import HEALTHY, FaultClassifier
 from faultlens.models.features import FEATURES
 from faultlens.models.predictor import StepTimePredictor
+from faultlens.vocabulary import FaultKind
 
 Example = tuple[dict[str, np.ndarray], np.ndarray]
 
@@ -56,11 +57,11 @@ def _neg_mape(y: np.ndarray, p: np.ndarray) -> float:
 # Signatures of a few fault kinds in feature space (mean shifts over healthy noise).
 _SIGNATURES: dict[str, dict[str, float]] = {
     HEALTHY: {},
-    "ecc_uncorrectable": {"ecc_dbe_delta": 2.0, "xid_ecc": 1.0, "retired_pages_delta": 1.0},
-    "thermal_throttle": {"throttle_thermal_share": 0.8, "temp_max_c": 18.0, "clock_min_ratio": -0.3,
-                         "step_ratio_max": 0.2},
-    "ib_link_persistent": {"ib_link_down": 3.0, "nccl_ib_error": 4.0},
-    "user_exception": {"py_exception": 2.0, "job_exception_share": 1.0, "job_progress": -0.9},
+    FaultKind.ECC_UNCORRECTABLE: {"ecc_dbe_delta": 2.0, "xid_ecc": 1.0, "retired_pages_delta": 1.0},
+    FaultKind.THERMAL_THROTTLE: {"throttle_thermal_share": 0.8, "temp_max_c": 18.0, "clock_min_ratio": -0.3,
+                                 "step_ratio_max": 0.2},
+    FaultKind.IB_LINK_PERSISTENT: {"ib_link_down": 3.0, "nccl_ib_error": 4.0},
+    FaultKind.USER_EXCEPTION: {"py_exception": 2.0, "job_exception_share": 1.0, "job_progress": -0.9},
 }
 
 
@@ -70,7 +71,7 @@ def _classifier_example(seed: int, n: int) -> Example:
     y = np.array([kinds[i] for i in rng.integers(0, len(kinds), n)])
     X = {f: np.abs(rng.normal(0.0, 0.05, n)) for f in FEATURES}
     for f in ("clock_min_ratio", "power_min_ratio", "step_ratio_max", "step_ratio_node_median", "job_step_ratio",
-              "job_overhead_ratio", "job_len_ratio", "job_progress"):
+              "job_len_ratio", "job_progress"):
         X[f] = 1.0 + rng.normal(0.0, 0.02, n)
     X["temp_max_c"] = 65.0 + rng.normal(0.0, 2.0, n)
     for kind, shift in _SIGNATURES.items():

@@ -135,6 +135,20 @@ class EmbeddedBroker:
             if self._log_file:
                 self._log_file.close()
 
+    def kill(self) -> None:
+        """kill -9 the broker (soak tests): everything it held is gone; ``start()`` brings
+        up an empty one on the same port, which clients reconnect to."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+        if self._log_file:
+            self._log_file.close()
+
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 

@@ -9,6 +9,7 @@ into ``BusError`` with the topic named. Records are encoded by
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
 from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 
 log = logging.getLogger(__name__)
+END_CHECK_S = 3.0  # how often a consumer compares idle partitions' positions with their logs' ends
 
 
 def client_kwargs(bus: BusConfig, bootstrap: str | None = None) -> dict[str, Any]:
@@ -82,6 +84,12 @@ class Producer:
     ``send`` never blocks on the network for long: kafka-python batches in the
     background (``linger_ms``). Callers that must not lose data on a broker
     outage (the agent) put a spool in front of this (collectors.spool).
+
+    On the embedded broker the producer is not idempotent: its memory-only
+    storage forgets producer ids when it restarts, and kafka-python's
+    idempotent producer then fails for good (``InitProducerId``: unknown error)
+    instead of sending to the restarted broker. Duplicates from retries are
+    harmless downstream (the lake dedupes on offsets, actions carry ids).
     """
 
     def __init__(self, bus: BusConfig, bootstrap: str | None = None, **overrides: Any):
@@ -90,6 +98,8 @@ class Producer:
 
         self.prefix = bus.topic_prefix
         kw = client_kwargs(bus, bootstrap)
+        if is_embedded(",".join(kw["bootstrap_servers"])):
+            kw["enable_idempotence"] = False
         kw.update(
             linger_ms=bus.linger_ms,
             batch_size=bus.batch_size_bytes,
@@ -165,6 +175,47 @@ class Message:
         return None
 
 
+class _SeekWatch:
+    """The kafka-python consumer of a ``Consumer``, with its seeks noted and its polls
+    watched for logs that went back (see ``Consumer.raw``)."""
+
+    def __init__(self, owner: Consumer):
+        self._owner = owner
+        self._c = owner._consumer
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None, **kw: Any) -> dict[Any, list[Any]]:
+        batch = self._c.poll(timeout_ms=timeout_ms, max_records=max_records, **kw)
+        batch = self._owner._watch_offsets(batch)
+        for tp, msgs in batch.items():
+            if msgs:
+                self._owner._next[tp] = msgs[-1].offset + 1
+        return batch
+
+    def seek(self, partition: Any, offset: int) -> int:
+        """Seek; returns the offset sought, lower than ``offset`` when that was kept from a lost log."""
+        nxt = self._owner._next.get(partition, 0)
+        if partition in self._owner._went_back and offset > nxt:
+            # A position kept from before the broker lost this log (a manifest, a
+            # checkpoint): past what the new log has handed over, it would skip records.
+            log.warning("%s[%d]: not seeking to %d, kept from the lost log; reading on from %d",
+                        partition.topic, partition.partition, offset, nxt)
+            offset = nxt
+        if offset == 0:
+            self._c.seek_to_beginning(partition)  # a plain seek right after a recreation is never fetched
+        else:
+            self._c.seek(partition, offset)
+        self._owner._next[partition] = offset
+        return offset
+
+    def seek_to_beginning(self, *partitions: Any) -> None:
+        self._c.seek_to_beginning(*partitions)
+        for tp in partitions or self._c.assignment():
+            self._owner._next[tp] = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
 def _content_type(headers: Any) -> str | None:
     for k, v in headers or ():
         if k == CONTENT_TYPE_HEADER:
@@ -177,6 +228,15 @@ class Consumer:
 
     Auto-commit is off: the caller commits after its sink has the data (or
     stores offsets with the data, as the lake writer does).
+
+    A topic whose offsets went back (the memory-only embedded broker restarted
+    and recreated it empty, numbering from 0 again) is read again from its
+    start: a partition positioned past the new log (kafka-python resets it to
+    the earliest offset) and a partition of a topic whose id changed under a
+    live consumer (sought to the beginning) both hand the new log over from
+    offset 0, and the listener's ``on_offsets_reset(partitions)``, when it has
+    one, hears of it first (an offset-keyed dedupe must forget the old
+    numbering). ``resets`` counts such partitions.
     """
 
     def __init__(
@@ -196,6 +256,13 @@ class Consumer:
         from kafka.errors import KafkaError
 
         self.prefix = bus.topic_prefix
+        self.listener = listener
+        self.resets = 0
+        self._next: dict[Any, int] = {}  # TopicPartition -> next offset (returned, or sought)
+        self._topic_ids: dict[str, Any] = {}  # topic -> the id of the incarnation read so far
+        self._went_back: set[Any] = set()  # partitions whose log was recreated while this consumer ran
+        self._next_end_check = 0.0
+        self._beyond: dict[Any, tuple[int, int]] = {}  # partition -> (position, high watermark) past it
         kw = client_kwargs(bus, bootstrap)
         servers = ",".join(kw["bootstrap_servers"])
         embedded = is_embedded(servers)
@@ -230,8 +297,11 @@ class Consumer:
 
     @property
     def raw(self) -> Any:
-        """The kafka-python consumer, for offset management (seek, commit, assignment)."""
-        return self._consumer
+        """The kafka-python consumer, for offset management (seek, commit, assignment).
+
+        Seeks through it are remembered: a partition sought past the end of a
+        recreated log, then reset to its start by kafka-python, is a reset."""
+        return _SeekWatch(self)
 
     def poll(self, timeout_ms: int = 500, max_records: int = 10_000) -> list[Message]:
         from kafka.errors import KafkaError
@@ -240,6 +310,7 @@ class Consumer:
             batch = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             raise BusError(f"consuming {self.topics} failed: {exc}") from exc
+        batch = self._watch_offsets(batch)
         out = []
         for tp, msgs in batch.items():
             kind = topics.kind_of(tp.topic, self.prefix)
@@ -248,7 +319,70 @@ class Consumer:
                     Message(kind, tp.topic, tp.partition, m.offset, m.key.decode("utf-8", "replace") if m.key else None,
                             m.value, m.timestamp, _content_type(m.headers), tuple(m.headers or ()))
                 )
+            if msgs:
+                self._next[tp] = msgs[-1].offset + 1
         return out
+
+    def _watch_offsets(self, batch: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+        """Find partitions whose log was recreated (see the class doc); returns the batch to hand over."""
+        cluster = self._consumer._client.cluster  # topic ids come with metadata (v10+)
+        reset: list[Any] = []
+        try:
+            assigned = list(self._consumer.assignment())
+        except Exception:  # noqa: BLE001 - no assignment known yet
+            assigned = []
+        for topic in {tp.topic for tp in assigned}:
+            now_id = cluster.topic_id(topic)
+            if now_id is None:
+                continue
+            was = self._topic_ids.setdefault(topic, now_id)
+            if was == now_id:
+                continue
+            self._topic_ids[topic] = now_id
+            for tp in assigned:
+                if tp.topic != topic:
+                    continue
+                msgs = batch.get(tp) or []
+                if msgs and msgs[0].offset == 0:
+                    continue  # already read from the new log's start (below)
+                if self._next.get(tp, 0) == 0 and not msgs:
+                    continue  # nothing read yet: it starts where it should
+                batch.pop(tp, None)
+                self._consumer.seek_to_beginning(tp)  # (a plain seek right after a recreation is never fetched)
+                self._next[tp] = 0
+                reset.append(tp)
+        for tp, msgs in batch.items():
+            if msgs and msgs[0].offset == 0 and self._next.get(tp, 0) > 0 and tp not in reset:
+                reset.append(tp)  # kafka-python reset a position past the new log's end to its start
+        now = time.monotonic()
+        if now >= self._next_end_check:
+            # A position past the end of the log: the broker lost it (Tansu answers such a
+            # fetch with nothing rather than "out of range"). The fetches' high watermark
+            # tells (Tansu's ListOffsets does not: it answers the last batch's first offset
+            # + 1); past it on two checks in a row, END_CHECK_S apart, is a lost log.
+            self._next_end_check = now + END_CHECK_S
+            for tp in assigned:
+                hw = self._consumer.highwater(tp)
+                nxt = self._next.get(tp, 0)
+                if batch.get(tp) or hw is None or nxt <= hw or tp in reset:
+                    self._beyond.pop(tp, None)
+                elif self._beyond.get(tp) == (nxt, hw):
+                    self._beyond.pop(tp, None)
+                    self._consumer.seek_to_beginning(tp)
+                    reset.append(tp)
+                else:
+                    self._beyond[tp] = (nxt, hw)
+        if reset:
+            self.resets += len(reset)
+            log.warning("offsets went back on %s (the broker lost its log): reading from the start",
+                        ", ".join(f"{tp.topic}[{tp.partition}]" for tp in reset))
+            hook = getattr(self.listener, "on_offsets_reset", None)
+            if hook is not None:
+                hook(reset)
+            for tp in reset:
+                self._next[tp] = 0
+                self._went_back.add(tp)
+        return batch
 
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
         """Commit the consumed positions, or ``offsets`` ({(topic, partition): next offset})."""

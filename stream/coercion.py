@@ -40,6 +40,8 @@ TRUE_WORDS = frozenset(_TABLE["booleans"]["true"])
 FALSE_WORDS = frozenset(_TABLE["booleans"]["false"])
 NULL_WORDS: dict[str, str] = dict(_TABLE["nulls"])
 UNITS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in _TABLE["units"].items()}
+NONFINITE_FIELDS = frozenset(_TABLE["nonfinite_values"]["fields"])
+NONFINITE_WORDS: dict[str, float] = {k: float(v) for k, v in _TABLE["nonfinite_values"]["words"].items()}
 _NUMBER_UNIT = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)$")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -99,6 +101,11 @@ def to_float(value: Any, name: str) -> float:
     """A float field's value per the table; raises Bad(reason)."""
     if isinstance(value, bool):
         raise Bad("bad_type")
+    if name in NONFINITE_FIELDS:  # NaN / Infinity is the measurement here (coercion.toml)
+        if isinstance(value, float) and not math.isfinite(value):
+            return value
+        if isinstance(value, str) and _word(value) in NONFINITE_WORDS:
+            return NONFINITE_WORDS[_word(value)]
     if isinstance(value, str):
         value = _number(value, name)
     if isinstance(value, int):

@@ -49,6 +49,7 @@ from faultlens.stream import schema
 from faultlens.stream.coercion import (  # noqa: F401 - the table's names are part of the decoder's API
     FALSE_WORDS,
     ISSUE_VALUE_MAX,
+    NONFINITE_FIELDS,
     NULL_WORDS,
     TRUE_WORDS,
     UNITS,
@@ -207,7 +208,8 @@ def _finite(record: Any) -> bool:
             x = getattr(g, name)
             if x is not None and x - x != 0.0:
                 return False
-    return all(x is None or not isinstance(x, float) or x - x == 0.0 for x in msgspec.structs.astuple(record))
+    return all(x is None or not isinstance(x, float) or x - x == 0.0 or name in NONFINITE_FIELDS
+               for name, x in zip(record.__struct_fields__, msgspec.structs.astuple(record), strict=True))
 
 
 _FLOAT_GPU_FIELDS = tuple(f.name for f in _plan(GpuState) if f.coerce is to_float)
@@ -268,7 +270,7 @@ def _parse_json(payload: bytes | str, kind: str) -> Any:
     """Untyped JSON, accepting NaN/Infinity (Python's json writes them) as a last resort."""
     try:
         return msgspec.json.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: deep nesting
         first = exc
     try:
         text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray, memoryview)) else payload
@@ -290,7 +292,7 @@ def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None 
         return _decode_msgpack(kind, payload, issues)
     try:
         record = json_decoder(kind).decode(payload)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         pass
     else:
         return _check(record, kind)
@@ -302,7 +304,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
         raise SchemaError("malformed_msgpack", kind=kind, detail="text is not MessagePack")
     try:
         obj = _ANY_MSGPACK.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         obj = columns_to_obj(obj, kind)

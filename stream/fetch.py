@@ -37,6 +37,7 @@ Key = tuple[str, int]  # (topic, partition)
 # The processor's rebalance callbacks: assigned -> {key: next offset, or None for the beginning}.
 OnAssigned = Callable[[list[Key]], dict[Key, int | None]]
 OnRevoked = Callable[[list[Key]], None]
+OnReset = Callable[[list[Key]], None]  # the broker lost these partitions' logs: read again from 0
 
 BACKENDS = ("kafka", "confluent")
 
@@ -57,11 +58,15 @@ class Fetcher(Protocol):
 
 def open_fetcher(backend: str, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str,
                  on_assigned: OnAssigned, on_revoked: OnRevoked, check_crcs: bool,
-                 overrides: dict[str, Any] | None = None) -> Fetcher:
-    """The fetcher of ``backend`` (``kafka`` or ``confluent``), subscribed to ``kinds``' topics."""
+                 overrides: dict[str, Any] | None = None, on_reset: OnReset | None = None) -> Fetcher:
+    """The fetcher of ``backend`` (``kafka`` or ``confluent``), subscribed to ``kinds``' topics.
+
+    ``on_reset`` hears of partitions whose log the broker lost and that are read again from
+    offset 0 (stream/bus.py finds them for kafka-python; librdkafka resets by itself)."""
     if backend == "kafka":
         return KafkaPythonFetcher(bus, kinds, group_id=group_id, bootstrap=bootstrap, on_assigned=on_assigned,
-                                  on_revoked=on_revoked, check_crcs=check_crcs, overrides=overrides)
+                                  on_revoked=on_revoked, check_crcs=check_crcs, overrides=overrides,
+                                  on_reset=on_reset)
     if backend == "confluent":
         return ConfluentFetcher(bus, kinds, group_id=group_id, bootstrap=bootstrap, on_assigned=on_assigned,
                                 on_revoked=on_revoked, check_crcs=check_crcs, overrides=overrides)
@@ -76,12 +81,13 @@ class KafkaPythonFetcher:
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str,
                  on_assigned: OnAssigned, on_revoked: OnRevoked, check_crcs: bool,
-                 overrides: dict[str, Any] | None = None):
+                 overrides: dict[str, Any] | None = None, on_reset: OnReset | None = None):
         from kafka import ConsumerRebalanceListener
 
         from faultlens.stream.bus import Consumer
 
         fetcher = self
+        self._on_reset = on_reset
 
         class _Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Any) -> None:
@@ -92,6 +98,10 @@ class KafkaPythonFetcher:
                 positions = on_assigned([(tp.topic, tp.partition) for tp in assigned])
                 fetcher._seek(assigned, positions)
 
+            def on_offsets_reset(self, partitions: Any) -> None:  # stream.bus's hook (see Consumer)
+                if on_reset is not None:
+                    on_reset([(tp.topic, tp.partition) for tp in partitions])
+
         kw: dict[str, Any] = {"check_crcs": check_crcs, "max_poll_records": 50_000, "fetch_min_bytes": 1 << 20,
                               "fetch_max_wait_ms": 100}
         kw.update(overrides or {})
@@ -99,6 +109,7 @@ class KafkaPythonFetcher:
 
     def _seek(self, assigned: Any, positions: dict[Key, int | None]) -> None:
         raw = self._consumer.raw
+        lowered = []
         for tp in assigned:
             key = (tp.topic, tp.partition)
             if key not in positions:  # the processor could not prepare it (and stops): leave it be
@@ -106,8 +117,10 @@ class KafkaPythonFetcher:
             pos = positions[key]
             if pos is None:
                 raw.seek_to_beginning(tp)
-            else:
-                raw.seek(tp, pos)
+            elif raw.seek(tp, pos) < pos:  # stream.bus: a position kept from a log the broker lost
+                lowered.append(key)
+        if lowered and self._on_reset is not None:
+            self._on_reset(lowered)
 
     def poll(self, timeout_ms: int, max_records: int) -> dict[Key, list[Any]]:
         from kafka.errors import KafkaError

@@ -203,7 +203,7 @@ class StreamProcessor:
             log.info("no C crc32c module: record-batch CRC checks are off (pip install crc32c turns them on)")
         self._fetch = open_fetcher(
             self.fetcher_backend, self.bus, self.kinds, group_id=self.group_id, bootstrap=self.bootstrap,
-            on_assigned=self._on_assigned, on_revoked=self._on_revoked,
+            on_assigned=self._on_assigned, on_revoked=self._on_revoked, on_reset=self._on_offsets_reset,
             check_crcs=CHECK_CRCS or self.fetcher_backend == "confluent", overrides=self.consumer_overrides,
         )
         self._producer = Producer(self.bus, self.bootstrap)
@@ -426,6 +426,15 @@ class StreamProcessor:
                 self._fatal = self._fatal or exc
             for key in revoked:
                 self._assigned.discard(key)
+                self._next_offset.pop(key, None)
+
+    def _on_offsets_reset(self, reset: list[Key]) -> None:
+        """stream.bus: the broker lost these partitions' logs (a memory-only broker restarted); they are
+        read again from offset 0. On the poll thread, before the new log's first records are added:
+        commit what the old log gave, then take offsets from 0 again (no "delivered twice" filter)."""
+        with self._lock:
+            self.flush(confirm_dead_letters=False)
+            for key in reset:
                 self._next_offset.pop(key, None)
 
     def _on_assigned(self, assigned: list[Key]) -> dict[Key, int | None]:

@@ -97,7 +97,19 @@ def test_same_exception_on_every_rank_rolls_back_and_never_evicts():
              for r in range(32)]
     incidents, actions = diagnose(recs)
     assert [a.type for a in actions] == ["rollback_code"]
-    assert actions[0].nodes == [] and "/32 ranks: IndexError" in actions[0].reason
+    assert actions[0].nodes == [] and "IndexError" in actions[0].reason and "never evict" in actions[0].reason
+    assert not [i for i in incidents if i.kind == "hang" and i.status == "open"]
+
+
+def test_a_traceback_from_one_rank_per_node_still_rolls_back():
+    """Launchers kill the other ranks once one fails: a real log often holds one traceback per node."""
+    tb = ("[rank{r}]: Traceback (most recent call last):\n[rank{r}]:   File \"train.py\", line 160, in train_step\n"
+          "[rank{r}]: KeyError: 'attention_mask'")
+    recs = steps(T0, T0 + 200) + gpu_samples(T0, T0 + 900)
+    recs += [NcclEvent(ts=T0 + 200 + r / 50, node=TOPO.node_of(r), kind="traceback", rank=r, raw=tb.format(r=r))
+             for r in range(0, 32, 8)]
+    incidents, actions = diagnose(recs)
+    assert [a.type for a in actions] == ["rollback_code"] and actions[0].nodes == []
     assert not [i for i in incidents if i.kind == "hang" and i.status == "open"]
 
 
@@ -231,3 +243,25 @@ def test_prior_blame_is_remembered_in_node_health():
     incidents, _ = diagnose([kernel(T0 + 9000, "n001", XID79, "xid", 79)], node_health=health,
                             config=dataclasses.replace(Config()))
     assert "blamed in 1 earlier" in incidents[0].suspects[0]["reason"]
+
+
+def test_a_rank_whose_gradient_overflowed_alone_before_the_nan_is_the_suspect():
+    """Rank 13's grad norm is Infinity two steps before every rank's loss goes NaN (as a JSON
+    writer prints it, "Infinity"): the decoder keeps it, and NaN diagnosis names rank 13's node."""
+    import json
+    import math
+
+    from faultlens.stream import decode as decoder
+
+    recs = gpu_samples(T0, T0 + 400)
+    for step in range(300):
+        for r in range(32):
+            loss = math.nan if step >= 200 else 2.0
+            grad = "Infinity" if (r == 13 and step >= 198) else ("NaN" if step >= 200 else 1.0)
+            line = {"v": 1, "ts": T0 + step, "job": "j1", "rank": r, "node": TOPO.node_of(r), "step": step,
+                    "duration_s": 1.0, "loss": "NaN" if loss != loss else loss, "grad_norm": grad}
+            recs.append(decoder.decode("steps", json.dumps(line).encode()))
+    _, actions = diagnose(recs)
+    nan_actions = [a for a in actions if a.type == "run_diagnostics"]
+    assert nan_actions and nan_actions[0].nodes == [TOPO.node_of(13)]
+    assert "rank(s) [13]" in nan_actions[0].reason and "step 198" in nan_actions[0].reason

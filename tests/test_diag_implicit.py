@@ -233,3 +233,76 @@ def test_nan_named_by_a_ranks_own_log_line(tmp_path):
     _, actions = diagnose(root)
     assert ("run_diagnostics", ["gpu-a11"]) in [(a.type, a.nodes) for a in actions]
     assert "rollback_code" not in [a.type for a in actions]
+
+
+# Xid lines as syslog writes the kernel's line (the messages of real ones: datasets/conformance
+# shipped-014, gpud's dmesg-time-format-iso.log: "NVRM: Xid (PCI:0000:19:00): 48, ..." and ": 63, ...").
+XID = "{stamp} {node} kernel: [{up:.6f}] NVRM: Xid (PCI:0000:1c:00): {msg}"
+XID48 = ("48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in "
+         "the framebuffer at physAddr 0x12bac1c3e0 partition 2, subpartition 1.")
+XID63 = ("63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset "
+         "gpu to activate.")
+
+
+def _xid_on(node: str, at: float, msg: str) -> list[str]:
+    from datetime import datetime
+
+    return [XID.format(stamp=datetime.fromtimestamp(at, UTC).strftime("%b %d %H:%M:%S"), node=node,
+                       up=at - T0 + 86400.0, msg=msg)]
+
+
+def _nan_from(first_bad_step: int):
+    return lambda step, r: None if step >= first_bad_step else 2.5 - 0.001 * step
+
+
+def test_nan_after_an_uncorrectable_ecc_error_is_explained_by_that_machines_eviction(tmp_path):
+    # gpu-a11 printed an Xid 48 a minute before every rank's loss went bad at once: the machine is
+    # evicted for its ECC error, and the NaN incident's machine search names it and says the eviction
+    # explains it (no second action, no checks on the whole job).
+    root = write_dir(tmp_path / "nan_xid48", step_s=7.3, steps_until=T0 + 900, gpu_until=T0 + 900,
+                     loss=_nan_from(80), kernel={"gpu-a11": _xid_on("gpu-a11", T0 + 80 * 7.3 - 60, XID48)})
+    incidents, actions = diagnose(root)
+    assert [(a.type, a.nodes) for a in actions] == [("evict_nodes", ["gpu-a11"])]
+    nan = next(i for i in incidents if i.kind == "nan_loss")
+    assert [s["node"] for s in nan.suspects] == ["gpu-a11"]
+    assert "explained by the eviction of gpu-a11" in nan.summary and "ecc_uncorrectable" in nan.summary
+
+
+def test_nan_with_ecc_evidence_in_the_window_names_that_machine(tmp_path):
+    # Every rank's loss goes bad at once (no rank first), and gpu-a11 printed an Xid 63 (a row marked for
+    # remapping: ECC evidence that evicts nothing by itself) a minute before: the machine search finds
+    # it and the stop-time checks go there, not to the whole job.
+    root = write_dir(tmp_path / "nan_xid63", step_s=7.3, steps_until=T0 + 900, gpu_until=T0 + 900,
+                     loss=_nan_from(80), kernel={"gpu-a11": _xid_on("gpu-a11", T0 + 80 * 7.3 - 60, XID63)})
+    incidents, actions = diagnose(root)
+    nan = next(i for i in incidents if i.kind == "nan_loss")
+    remap = next(i for i in incidents if i.kind == "row_remap_failure")  # Xid 63: notify, below eviction
+    assert [s["node"] for s in nan.suspects] == ["gpu-a11"]
+    mine = [a for a in actions if a.incident_id == nan.id]
+    assert [(a.type, a.nodes) for a in mine] == [("run_diagnostics", ["gpu-a11"])]
+    assert f"{remap.kind} on gpu-a11 in the window (incident {remap.id})" in mine[0].reason
+
+
+def test_nan_with_ecc_evidence_long_before_checks_the_whole_job(tmp_path):
+    # The same Xid 63, but 20 minutes before the NaN (outside the 15-minute window): no culprit.
+    root = write_dir(tmp_path / "nan_old_xid", step_s=7.3, steps_until=T0 + 1800, gpu_until=T0 + 1800,
+                     loss=_nan_from(220), kernel={"gpu-a11": _xid_on("gpu-a11", T0 + 220 * 7.3 - 1200, XID63)})
+    incidents, actions = diagnose(root)
+    nan = next(i for i in incidents if i.kind == "nan_loss")
+    mine = [a for a in actions if a.incident_id == nan.id]
+    assert [(a.type, sorted(a.nodes)) for a in mine] == [("run_diagnostics", sorted(NODES))]
+    assert "no machine to blame" in mine[0].reason
+
+
+def test_online_nan_without_a_culprit_is_never_no_action(tmp_path):
+    # Online, no final tick: the NaN incident still decides once every rank reported (nan_settle_s).
+    root = write_dir(tmp_path / "nan_online", step_s=7.3, steps_until=T0 + 900, gpu_until=T0 + 900,
+                     loss=_nan_from(80))
+    data = read_batch_dir(root)
+    engine = DiagnosisEngine(Config(), mode=ONLINE)
+    engine.set_topology(data.job)
+    outputs = feed(engine, list(data.records()))
+    actions = [o for o in outputs if type(o).KIND == "actions"]
+    assert [(a.type, sorted(a.nodes)) for a in actions] == [("run_diagnostics", sorted(NODES))]
+    assert actions[0].dry_run and "no machine to blame" in actions[0].reason
+    assert actions[0].ts < T0 + 80 * 7.3 + 60  # within a minute of the first bad step

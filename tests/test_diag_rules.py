@@ -61,3 +61,21 @@ def test_bad_catalog_entry_names_file_and_entry(tmp_path):
                    'category = "gpu_hardware"\nseverity = "critical"\naction = "evict_node"\nconfidence = 0.9\ntext = ""\n')
     with pytest.raises(CatalogError, match="counters.toml, entry oops"):
         load_counter_rules(bad)
+
+
+def test_a_gpu_left_out_of_two_samples_in_a_row_is_lost():
+    """nvidia-smi and dcgm-exporter leave out a GPU NVML cannot reach: missing twice is lost, once is not."""
+    rules = CounterRules()
+
+    def sample(t, indices):
+        return GpuSample(ts=float(t), node="n1", gpus=[GpuState(index=i, uuid=f"GPU-{i}", pci_bus=f"0000:{i:02x}:00.0")
+                                                       for i in indices])
+
+    assert rules.observe(sample(0, range(8))) == []
+    assert rules.observe(sample(1, [0, 1, 2, 3, 4, 5, 7])) == []  # one sample without GPU 6: not yet
+    assert rules.observe(sample(2, range(8))) == []  # back
+    assert rules.observe(sample(3, [0, 1, 2, 3, 4, 5, 7])) == []
+    found = rules.observe(sample(4, [0, 1, 2, 3, 4, 5, 7]))
+    assert [(f.kind, f.gpu, f.action) for f in found] == [("gpu_lost", 6, "evict_node")]
+    assert rules.observe(sample(5, [0, 1, 2, 3, 4, 5, 7])) == []  # reported once, on the edge
+    assert rules.observe(GpuSample(ts=6.0, node="n1", gpus=[])) == []  # an empty sample says nothing

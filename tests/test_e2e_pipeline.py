@@ -82,7 +82,7 @@ def test_fault_sequence_yields_exactly_the_expected_actions(tmp_path: Path) -> N
         actions: dict[str, dict] = {}
         statuses: dict[str, str] = {}
         try:
-            start_pipeline(sup, nodes=NODES, speed=50.0, segment=420.0, workdir=tmp_path,
+            start_pipeline(sup, nodes=NODES, speed=25.0, segment=420.0, workdir=tmp_path,
                            faults=[k for k, _, _ in SEQUENCE])
             cluster = sup.children[-1]
             deadline = time.monotonic() + 180

@@ -183,3 +183,17 @@ def test_the_shipped_model_loads_and_scores() -> None:
     scores = model.score_rows(rows)
     assert len(scores) == 128 and all(0.0 <= p <= 1.0 for _, p in scores.values())
     assert np.isfinite([p for _, p in scores.values()]).all()
+
+
+def test_a_storage_stall_is_open_until_the_server_answers_again() -> None:
+    """v4: the recovery line is not a storage error; storage_open says the last word was an error."""
+    def line(ts: float, text: str) -> KernelEvent:
+        return KernelEvent(ts=ts, node="n1", kind="nfs_timeout", raw=text, message=text)
+
+    wf = WindowFeatures()
+    down = "nfs: server storage01 not responding, still trying"
+    rows = wf.window([line(10.0, down)], ["n1", "n2"], end_ts=60.0)
+    assert (rows["n1"]["storage_error"], rows["n1"]["storage_open"], rows["n1"]["storage_recovered"]) == (1.0, 1.0, 0.0)
+    assert rows["n2"]["storage_open"] == 0.0
+    rows = wf.window([line(70.0, "nfs: server storage01 OK")], ["n1", "n2"], end_ts=120.0)
+    assert (rows["n1"]["storage_error"], rows["n1"]["storage_open"], rows["n1"]["storage_recovered"]) == (1.0, 0.0, 1.0)

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from faultlens.signatures import (
     is_ordinary,
     to_finding,
 )
+from faultlens.stream import schema
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -134,7 +134,7 @@ def _one_verdict(source: str, lines: list[str]) -> int:
             at += 1
         verdict = explained[at].c
         seen.clear()
-        engine.observe(dataclasses.replace(rec))
+        engine.observe(schema.replace(rec))
         finding = seen[0] if seen else to_finding(rec)
         # explain and the engine: the same entry and answer
         if verdict.rule is None or verdict.benign or verdict.category == "none":

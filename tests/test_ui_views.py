@@ -121,12 +121,13 @@ def test_step_prediction_is_the_predictors_own_model(con, inc: dict) -> None:
         compute_time,
         workload_row,
     )
+    from faultlens.stream import schema
     from faultlens.stream.schema import StepTiming
 
     onset = float(inc["opened_ts"])
     rows = con.sql("SELECT * FROM steps WHERE job = ? AND ts BETWEEN ? AND ?",
                    params=[JOB, onset - 1800, onset]).pl()
-    fields = set(StepTiming.__dataclass_fields__)
+    fields = set(schema.field_names(StepTiming))
     recs = [StepTiming(**{k: v for k, v in r.items() if k in fields}) for r in rows.iter_rows(named=True)]
     columns = list(zip(*[workload_row(r) for r in recs], strict=True))
     model = StepTimePredictor().fit(dict(zip(WORKLOAD_FEATURES, columns, strict=True)), [compute_time(r) for r in recs])

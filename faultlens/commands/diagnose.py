@@ -93,6 +93,14 @@ def _read_batch(path: Path, progress: Any = None) -> Any:
     return read_batch_dir(path, progress=progress)
 
 
+def unparsed_section(data: Any, few: int = 10) -> str:
+    """The report's "Unparsed input" section: how many lines/files gave no record, why, the first few."""
+    log = getattr(data, "unparsed", None)
+    if log is None or not log.count:
+        return ""
+    return "\n## Unparsed input\n\n" + "\n".join(log.summary(few)) + "\n"
+
+
 def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_path: str | None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -126,12 +134,19 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     out.mkdir(parents=True, exist_ok=True)
     (out / "incidents.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(i)) + b"\n" for i in incidents))
     (out / "actions.jsonl").write_bytes(b"".join(orjson.dumps(cloudevent(a)) + b"\n" for a in actions))
-    (out / "report.md").write_text(render_batch_report(path, incidents, actions, detectors, len(records), t1 - t0,
-                                                       t2 - t1, clocks=data.clocks, errors=data.errors))
+    report = render_batch_report(path, incidents, actions, detectors, len(records), t1 - t0, t2 - t1,
+                                 clocks=data.clocks, errors=data.errors)
+    (out / "report.md").write_text(report + unparsed_section(data))
     console.print(f"{len(records):,} records, {len(incidents)} incident(s), {len(actions)} action(s) "
                   f"-> {out} (read {t1 - t0:.1f} s, diagnosed {t2 - t1:.1f} s, total {t2 - t0:.1f} s)")
-    if data.errors:
-        console.print(f"  {len(data.errors)} bad input line(s), e.g. {data.errors[0]}")
+    log = getattr(data, "unparsed", None)
+    if log is not None and log.count:
+        console.print(f"  {log.count:,} unparsed input line(s)/file(s) (listed in report.md), e.g.",
+                      markup=False, highlight=False)
+        for u in log.first[:3]:
+            console.print(f"    {str(u)[:200]}", markup=False, highlight=False)
+    elif data.errors:
+        console.print(f"  {len(data.errors)} bad input line(s), e.g. {data.errors[0]}", markup=False, highlight=False)
     for a in actions:
         console.print(f"  {a.type:16} {', '.join(a.nodes) or '-':24} {a.reason[:120]}")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from collections import Counter
 from typing import Any
@@ -24,14 +23,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(name: str) -> Any:
+    """A buffered binary reader (the lines are read by collectors.unparsed.read_lines)."""
     if name == "-":
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
-    return open(name, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the caller
+        return sys.stdin.buffer
+    return open(name, "rb")  # noqa: SIM115 - closed by the caller
+
+
+def _sniff(fh: Any) -> str | None:
+    """Why the file is not text (collectors.unparsed.sniff_binary), without consuming it."""
+    from faultlens.collectors.unparsed import SNIFF_BYTES, sniff_binary
+
+    peek = getattr(fh, "peek", None)
+    head = peek(SNIFF_BYTES)[:SNIFF_BYTES] if peek is not None else b""
+    return sniff_binary(head)
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
     import orjson
 
+    from faultlens.collectors.unparsed import read_lines
     from faultlens.explain import explain_lines
 
     out = sys.stdout.buffer
@@ -46,13 +56,26 @@ def run(args: argparse.Namespace, config: Any) -> int:
             print(f"faultlens explain: {name}: {exc}", file=sys.stderr)
             return 1
         head = b'{"file":' + orjson.dumps(name) + b"," if len(args.files) > 1 else b"{"
+        binary = _sniff(fh)
+        if binary is not None:  # one line that says so, never the bytes echoed back
+            fh.close()
+            counts["unparsed"] += 1
+            worst = max(worst, sev_rank["warning"])
+            if args.json:
+                out.write(head + orjson.dumps({"line_no": 0, "text": "", "source": "unparsed", "category": "unknown",
+                                               "xid": None, "severity": "warning", "action": "none",
+                                               "meaning": f"Unparsed: {binary}", "family": "unparsed",
+                                               "entry": "unparsed", "reference": None})[1:] + b"\n")
+            else:
+                out.write(f"{'':>7} warning  unparsed      none            {name}: {binary}\n".encode("utf-8", "replace"))
+            continue
         # the classification part of a line is shared by many lines: serialise it once, count per classification
         tails: dict[tuple[int, str], tuple[Any, bytes]] = {}
         per_c: dict[tuple[int, str], int] = {}
         with fh:
             buf: list[bytes] = []
             last_rule: object = ()
-            for e in explain_lines(fh, fmt, year=args.year):
+            for e in explain_lines(read_lines(fh), fmt, year=args.year):
                 c = e.c
                 key = (id(c), e.source)
                 got = tails.get(key)
