@@ -83,6 +83,12 @@ def _have_c_crc32c() -> bool:
 # it we leave the check to TCP and the broker (documented in stream/README.md).
 CHECK_CRCS = _have_c_crc32c()
 
+# Messages per poll. The flush rules (rows, age) are checked after each poll: a poll of
+# 50,000 messages (400,000 GPU rows) overshot the 200,000-row flush twice over before
+# the commit thread got any work; with 10,000 a backlog's commits start on time and
+# overlap the polling of the next messages.
+POLL_MAX_RECORDS = 10_000
+
 # <kind>-p<partition>-o<first>-<last>-<commit>[-h<hour>].parquet
 PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<first>\d+)-(?P<last>\d+)-(?P<commit>[0-9a-f]+)(?:-h\d+)?\.parquet$")
 
@@ -231,7 +237,7 @@ class StreamProcessor:
         try:
             while not self._stop.is_set():
                 try:
-                    batch = self._fetch.poll(poll_timeout_ms, 50_000)
+                    batch = self._fetch.poll(poll_timeout_ms, POLL_MAX_RECORDS)
                 except BusError as exc:  # the broker went away: keep trying, the client reconnects
                     log.warning("poll failed (%s); retrying", exc)
                     time.sleep(0.5)
