@@ -200,7 +200,13 @@ def to_ts(value: Any, name: str) -> float:
         except ValueError:
             raise _Bad("bad_type") from None
         return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
-    return to_float(value, name)
+    ts = to_float(value, name)
+    if not -MAX_TS <= ts <= MAX_TS:
+        raise _Bad("out_of_range")
+    return ts
+
+
+MAX_TS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: a larger time is a damaged one (the lake cannot partition it)
 
 
 def _to_list(value: Any, name: str) -> list[Any]:
@@ -340,6 +346,8 @@ def _check(record: Any, kind: str) -> Any:
     ts = getattr(record, "ts", 0.0)
     if ts - ts != 0.0:  # NaN or infinite (MessagePack can carry them)
         raise SchemaError("bad_type", kind=kind, detail=f"ts: not finite: {ts!r}")
+    if not -MAX_TS <= ts <= MAX_TS:  # no calendar (nor the lake's hour partitions) holds it
+        raise SchemaError("out_of_range", kind=kind, detail=f"ts: {ts!r}")
     return record
 
 
