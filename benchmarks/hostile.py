@@ -109,6 +109,7 @@ def produce_hostile(bootstrap: str, prefix: str, n: int, bad: float, seed: int) 
     sent: Counter[str] = Counter()
     damaged = 0
     expect_dead: Counter[str] = Counter()
+    failed: Counter[str] = Counter()  # sends the broker refused, by error
     t = time.perf_counter()
     bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
     with Producer(bus, linger_ms=50, batch_size=1 << 20, compression_type="lz4") as producer:
@@ -122,11 +123,27 @@ def produce_hostile(bootstrap: str, prefix: str, n: int, bad: float, seed: int) 
                 decode.decode(kind, value, issues=[])
             except SchemaError as exc:
                 expect_dead[exc.reason] += 1
-            producer.send_raw(kind, key, value)
+            producer.send_raw(kind, key, value).add_errback(lambda exc: failed.update([type(exc).__name__]))
             sent[kind] += 1
         producer.flush()
-    return {"sent": dict(sent), "damaged": damaged, "expect_dead": dict(expect_dead),
+    return {"sent": dict(sent), "damaged": damaged, "expect_dead": dict(expect_dead), "send_failed": dict(failed),
             "produce_s": time.perf_counter() - t, "producer_peak_rss_mb": peak_rss_mb()}
+
+
+def _end_offsets(bootstrap: str, prefix: str) -> dict[str, int]:
+    """Messages the broker holds per telemetry topic (sum of the partitions' end offsets)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from faultlens.stream import topics
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap)
+    out = {}
+    for kind in TELEMETRY:
+        name = topics.topic(kind, prefix)
+        parts = [TopicPartition(name, p) for p in sorted(c.partitions_for_topic(name) or ())]
+        out[kind] = sum(c.end_offsets(parts).values()) if parts else 0
+    c.close()
+    return out
 
 
 def stream_part(n: int, bad: float, seed: int, work: Path) -> dict:
@@ -140,12 +157,13 @@ def stream_part(n: int, bad: float, seed: int, work: Path) -> dict:
         bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="hostile")
         ensure_topics(bus)
         sent = _in_child(produce_hostile, broker.bootstrap, "hostile", n, bad, seed)
+        on_broker = _end_offsets(broker.bootstrap, "hostile")
         config = Config(bus=bus, lake=LakeConfig(path=str(work / "lake"), catalog_path=str(work / "catalog.duckdb")))
         proc = StreamProcessor(config, kinds=TELEMETRY, group_id="hostile")
         t = time.perf_counter()
         crashed = None
         try:
-            stats = proc.run(exit_when_idle_s=3.0)
+            stats = proc.run(exit_when_idle_s=15.0)
         except Exception as exc:  # noqa: BLE001 - the figure is whether this happens
             crashed = f"{type(exc).__name__}: {exc}"
             stats = proc.stats
@@ -157,6 +175,7 @@ def stream_part(n: int, bad: float, seed: int, work: Path) -> dict:
     for (kind, field, reason), c in stats.quarantined.items():
         quarantined[f"{kind}.{field}: {reason}"] += c
     return {"messages": n, "sent": sent["sent"], "damaged": sent["damaged"], "produce_s": round(sent["produce_s"], 1),
+            "send_failed": sent["send_failed"], "on_broker": on_broker,
             "consumed": consumed, "unaccounted": n - consumed, "dead_letters": sum(dead.values()),
             "dead_by_reason": dead, "decoder_expected_dead": sum(sent["expect_dead"].values()),
             "decoder_expected_by_reason": sent["expect_dead"], "quarantined_fields": sum(quarantined.values()),
@@ -283,7 +302,9 @@ def main() -> int:
     print(f"  first line: {e['first']}")
     if s is not None:
         print(f"stream processor ({s['messages']:,} messages, {s['damaged']:,} damaged):")
-        print(f"  crash {s['crash']}; consumed {s['consumed']:,} (unaccounted {s['unaccounted']:,}); "
+        print(f"  sent {sum(s['sent'].values()):,} (refused by the broker: {s['send_failed'] or 0}); "
+              f"end offsets right after the flush {sum(s['on_broker'].values()):,}")
+        print(f"  crash {s['crash']}; consumed {s['consumed']:,} (sent, not consumed: {s['unaccounted']:,}); "
               f"{s['msgs_per_s']:,} msg/s; peak RSS {s['peak_rss_mb']} MB")
         print(f"  dead letters {s['dead_letters']:,} (the decoder alone says {s['decoder_expected_dead']:,}); "
               f"fields quarantined {s['quarantined_fields']:,}")
