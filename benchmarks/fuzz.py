@@ -15,6 +15,11 @@ splice with another line, a stray line break).
    read by ``read_batch_dir`` and diagnosed by ``diagnose_records`` with the report
    rendered, as ``faultlens diagnose DIR`` does. A crash is any exception.
 
+0. last, as a user runs them: ``faultlens explain --json`` (a subprocess) on ``--cli-lines``
+   (20,000) mutated kernel and NCCL lines must answer every line and exit 0, and
+   ``faultlens diagnose DIR`` with that log as a node's kernel.log must finish and list the
+   unparsed input in report.md.
+
 Each crash is written (input + traceback) under ``--out`` for a regression fixture.
 Prints lines/s, directories/s, crashes (target 0), unparsed counts and peak RSS.
 
@@ -88,6 +93,35 @@ def fuzz_explain(n_lines: int, file_lines: int, seed: int, out: Path, progress) 
             "crashes": crashes, "unparsed_lines": unparsed}
 
 
+def cli_checks(n_lines: int, seed: int, work: Path) -> dict:
+    """issue 19's "done when", as a user runs it: ``faultlens explain --json`` on ``n_lines`` mutated real
+    kernel and NCCL lines, and ``faultlens diagnose DIR`` on a directory holding such a kernel log."""
+    import subprocess
+
+    from tests.fuzzgen import mutated_lines, to_bytes
+
+    f = work / "mutated.log"
+    data = to_bytes(mutated_lines(("kernel", "nccl"), n_lines, seed=seed))
+    f.write_bytes(data)
+    cli = [sys.executable, "-c", "from faultlens.cli import main; raise SystemExit(main())"]
+    t = time.perf_counter()
+    got = subprocess.run([*cli, "explain", "--json", str(f)], capture_output=True)
+    took = time.perf_counter() - t
+    rows = [json.loads(x) for x in got.stdout.splitlines()]
+    answered = [r["line_no"] for r in rows] == list(range(1, data.count(b"\n") + 1))
+    d = _base_dir(work / "diag")
+    node = sorted((d / "nodes").iterdir())[0]
+    (node / "kernel.log").write_bytes((node / "kernel.log").read_bytes() + data)
+    dg = subprocess.run([*cli, "diagnose", str(d), "--out", str(work / "diag-out"), "--detectors", "none"],
+                        capture_output=True)
+    report = (work / "diag-out" / "report.md").read_text() if (work / "diag-out" / "report.md").is_file() else ""
+    return {"cli_explain_lines": data.count(b"\n"), "cli_explain_rc": got.returncode, "cli_explain_answered_all": answered,
+            "cli_explain_unparsed": sum(r["entry"] == "unparsed" for r in rows), "cli_explain_s": round(took, 1),
+            "cli_explain_traceback": b"Traceback" in got.stderr, "cli_diagnose_rc": dg.returncode,
+            "cli_diagnose_traceback": b"Traceback" in dg.stderr,
+            "cli_diagnose_reports_unparsed": "## Unparsed input" in report}
+
+
 def _base_dir(root: Path) -> Path:
     from faultlens.datasets.scenario import scenario_for, write_batch_dir
 
@@ -155,6 +189,7 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--file-lines", type=int, default=20_000, help="lines per explained file")
     ap.add_argument("--dirs", type=int, default=10_000)
+    ap.add_argument("--cli-lines", type=int, default=20_000, help="mutated lines for the explain --json CLI check")
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--out", default="fuzz-crashes", help="where crashing inputs are written")
     args = ap.parse_args()
@@ -172,17 +207,28 @@ def main() -> int:
         ex = fuzz_explain(args.lines, args.file_lines, args.seed, out, progress)
         rss_explain = peak_rss_mb()
         bd = fuzz_batch(args.dirs, args.seed, out, Path(tmp), progress)
+        rss_batch = peak_rss_mb()
+        task = progress.add_task("explain --json / diagnose CLI", total=None)
+        cl = cli_checks(args.cli_lines, args.seed, Path(tmp))  # last: reading its output back costs memory here
+        progress.remove_task(task)
     wall = time.perf_counter() - t0
-    res = {"bench": "fuzz", **ex, "peak_rss_mb_explain": round(rss_explain), **bd,
-           "peak_rss_mb": round(peak_rss_mb()), "wall_s": round(wall, 1), "quick": args.quick, "seed": args.seed}
+    res = {"bench": "fuzz", **cl, **ex, "peak_rss_mb_explain": round(rss_explain), **bd,
+           "peak_rss_mb": round(rss_batch), "wall_s": round(wall, 1), "quick": args.quick, "seed": args.seed}
+    cli_ok = (cl["cli_explain_rc"] == 0 and cl["cli_explain_answered_all"] and not cl["cli_explain_traceback"]
+              and cl["cli_diagnose_rc"] == 0 and cl["cli_diagnose_reports_unparsed"] and not cl["cli_diagnose_traceback"])
+    print(f"faultlens explain --json on {cl['cli_explain_lines']:,} mutated real lines: rc {cl['cli_explain_rc']}, "
+          f"every line answered {cl['cli_explain_answered_all']}, {cl['cli_explain_unparsed']} unparsed, {cl['cli_explain_s']} s; "
+          f"faultlens diagnose DIR (that log as a kernel.log): rc {cl['cli_diagnose_rc']}, "
+          f"report lists unparsed input {cl['cli_diagnose_reports_unparsed']}")
     print(f"explain:  {ex['lines']:,} mutated lines in {ex['explain_s']:.1f} s = {ex['lines_per_s']:,} lines/s; "
           f"crashes {ex['crashes']}; answered as unparsed {ex['unparsed_lines']:,}; peak RSS {rss_explain:.0f} MB")
     print(f"diagnose: {bd['dirs']:,} mutated batch directories in {bd['diagnose_s']:.1f} s = {bd['dirs_per_s']} dirs/s; "
           f"crashes {bd['dir_crashes']}; unparsed lines/files listed {bd['dir_unparsed']:,}; peak RSS {res['peak_rss_mb']} MB")
+    print("(peak RSS: the explain phase alone, then with the batch phase; the CLI checks ran in subprocesses)")
     if ex["crashes"] or bd["dir_crashes"]:
         print(f"crashing inputs and tracebacks: {out}/ (add each to tests/fixtures/fuzz_regressions/cases.jsonl)")
     print(json.dumps(res))
-    return 1 if ex["crashes"] or bd["dir_crashes"] else 0
+    return 1 if ex["crashes"] or bd["dir_crashes"] or not cli_ok else 0
 
 
 if __name__ == "__main__":
