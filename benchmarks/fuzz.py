@@ -15,7 +15,7 @@ splice with another line, a stray line break).
    read by ``read_batch_dir`` and diagnosed by ``diagnose_records`` with the report
    rendered, as ``faultlens diagnose DIR`` does. A crash is any exception.
 
-0. last, as a user runs them: ``faultlens explain --json`` (a subprocess) on ``--cli-lines``
+3. last, as a user runs them: ``faultlens explain --json`` (a subprocess) on ``--cli-lines``
    (20,000) mutated kernel and NCCL lines must answer every line and exit 0, and
    ``faultlens diagnose DIR`` with that log as a node's kernel.log must finish and list the
    unparsed input in report.md.
