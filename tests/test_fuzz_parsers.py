@@ -230,3 +230,10 @@ def test_time_beyond_any_calendar_is_a_dead_letter_not_a_stopped_processor():
             for i, v in enumerate([decode.encode_wire(ok), decode.encode_wire(huge), schema.encode(huge)])]
     out = decode_arrow.decode_batch("gpu", "t.gpu", 0, msgs)
     assert [d.offset for d in out.dead] == [1, 2] and out.tables["gpu"].num_rows == 1
+
+
+def test_binary_sniff_spares_a_syslog_with_a_block_of_nuls():
+    """A kernel log after a hard reset holds a block of NUL bytes; the lines after it still count."""
+    log = b"Nov 21 04:40:00 host kernel: hello\n" * 20 + b"\x00" * 4000 + b"Nov 21 04:41:00 host kernel: NVRM: Xid\n"
+    assert sniff_binary(log) is None
+    assert sniff_binary(b"\x00" * 100) and sniff_binary(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 16)
