@@ -172,9 +172,11 @@ class _Bad:
     def __init__(self, errors: list[str], log: UnparsedLog):
         self.errors, self.log = errors, log
 
-    def __call__(self, path: Path, no: int | None, reason: str, raw: str | bytes = "") -> None:
+    def __call__(self, path: Path, no: int | None, reason: str, raw: str | bytes = "", text: str | None = None) -> None:
+        """``text``: the reason as ``errors`` words it, when that differs (the decoder's errors name their kind)."""
         self.log.add(str(path), no, reason, raw)
-        self.errors.append(f"{path}:{no}: {reason}" if no is not None else f"{path}: {reason}")
+        text = reason if text is None else text
+        self.errors.append(f"{path}:{no}: {text}" if no is not None else f"{path}: {text}")
 
 
 def _readable(path: Path, bad: _Bad) -> bool:
@@ -211,7 +213,7 @@ def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None =
                 try:
                     out.append(decode.decode(kind, line, issues=issues))
                 except SchemaError as exc:
-                    bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line)
+                    bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line, str(exc))
                 except Exception as exc:  # noqa: BLE001 - the decoder must not stop the directory
                     bad(path, no, reason_of(exc), line)
                 if issues and quarantine is not None:

@@ -159,7 +159,7 @@ DS_TIMER_RE = re.compile(r"micro_step=(\d+)/global_step=(\d+), RunningAvgSamples
 TIMES_RE = re.compile(r"time \(ms\)\s*\|(.*)$")
 TITAN_RE = re.compile(r"step:\s*(\d+)\s+loss:\s*(" + _NUM + ")")
 TITAN_KV_RE = re.compile(r"(memory|tps|tflops|mfu|grad_norm):\s*(" + _NUM + ")")
-NEMO_RE = re.compile(r"(\d+)/(\d+) \[([\d:]+)<([\d:?]+),\s*(" + _NUM + r")(s/it|it/s)(.*)\]")
+NEMO_RE = re.compile(r"(?<!\d)(\d+)/(\d+) \[([\d:]+)<([\d:?]+),\s*(" + _NUM + r")(s/it|it/s)(.*)\]")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -117,16 +117,25 @@ def to_int(text: str | None) -> int | None:
 
 
 def sniff_binary(head: bytes) -> str | None:
-    """Why ``head`` (a file's first bytes) is not text, or None when it is."""
+    """Why ``head`` (a file's first bytes) is not text, or None when it is.
+
+    Runs of NUL bytes alone do not make a file binary: a syslog file after a hard reset
+    often holds a block of them, and the lines around it still matter. What is left
+    without them must be text: mostly UTF-8 and few control characters.
+    """
     if not head:
         return None
-    if head.count(b"\x00") > max(2, len(head) // 100):
-        return f"{NOT_TEXT} (binary: NUL bytes in the first {len(head):,} bytes)"
-    text = head.decode("utf-8", "replace")
-    bad = text.count("\ufffd")
-    if bad > len(text) // 4:
-        return f"{NOT_TEXT} (binary: {bad:,} of its first {len(head):,} bytes are not UTF-8)"
+    rest = head.replace(b"\x00", b"")
+    if len(rest) < min(64, len(head)):
+        return f"{NOT_TEXT} (binary: {len(head) - len(rest):,} of its first {len(head):,} bytes are NUL)"
+    text = rest.decode("utf-8", "replace")
+    odd = text.count("\ufffd") + sum(1 for c in text if c < " " and c not in _TEXT_CONTROLS)
+    if odd > len(text) // 10:
+        return f"{NOT_TEXT} (binary: {odd:,} of its first {len(head):,} bytes are control bytes or not UTF-8)"
     return None
+
+
+_TEXT_CONTROLS = "\t\n\r\x0b\x0c\x1b"
 
 
 def read_byte_lines(fh: IO[bytes]) -> Iterator[bytes]:

@@ -36,7 +36,7 @@ from faultlens.vocabulary import Category
 SOURCES = ("kernel", "nccl", "stack", "steps", "nvsmi", "unknown")
 _KERNEL_HINT = re.compile(r"NVRM|kernel: |^\[\s*[+]?\d+\.\d+\]|^\d+,\d+,\d+,|mlx5_core|EDAC|^kern\s+:|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} ", re.M)
 _NCCL_HINT = re.compile(r"NCCL (?:INFO|WARN)|ProcessGroupNCCL|Traceback \(most recent|\[rank\d+\]:|torch\.distributed|WorkNCCL|nccl\w+Error|^(?:\w+\.)*\w*(?:Error|Exception): |^\s+File \"[^\"]+\", line \d+", re.M)
-_STEPS_HINT = re.compile(r"iteration\s+\d+\s*/\s*\d+|step:\s*\d+\s+loss:|global_step=|\"duration_s\"|\d+/\d+ \[[\d:]+<", re.M)
+_STEPS_HINT = re.compile(r"iteration\s+\d+\s*/\s*\d+|step:\s*\d+\s+loss:|global_step=|\"duration_s\"|(?<!\d)\d+/\d+ \[[\d:]+<", re.M)  # (?<!\d): linear on long digit runs
 EMPTY = Classification("none", "info", "none", "Empty line.", "empty")
 NOT_STEP = Classification("none", "info", "none", "Not a step line (framework log text).", "steps.other")
 STACK_LINE = Classification("none", "info", "none", "Part of a py-spy stack dump; stacks are compared across ranks by the stack aggregator.", "stacks.dump")

@@ -185,7 +185,13 @@ def to_ts(value: Any, name: str) -> float:
         except ValueError:
             raise Bad("bad_type") from None
         return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
-    return to_float(value, name)
+    ts = to_float(value, name)
+    if not -MAX_TS <= ts <= MAX_TS:
+        raise Bad("out_of_range")
+    return ts
+
+
+MAX_TS = 253_402_300_799.0  # 9999-12-31T23:59:59Z: a larger time is a damaged one (the lake cannot partition it)
 
 
 def to_list(value: Any, name: str) -> list[Any]:

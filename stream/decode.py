@@ -49,6 +49,7 @@ from faultlens.stream import schema
 from faultlens.stream.coercion import (  # noqa: F401 - the table's names are part of the decoder's API
     FALSE_WORDS,
     ISSUE_VALUE_MAX,
+    MAX_TS,
     NONFINITE_FIELDS,
     NULL_WORDS,
     TRUE_WORDS,
@@ -198,6 +199,8 @@ def _check(record: Any, kind: str) -> Any:
     ts = getattr(record, "ts", 0.0)
     if ts - ts != 0.0:  # NaN or infinite (MessagePack can carry them)
         raise SchemaError("bad_type", kind=kind, detail=f"ts: not finite: {ts!r}")
+    if not -MAX_TS <= ts <= MAX_TS:  # no calendar (nor the lake's hour partitions) holds it
+        raise SchemaError("out_of_range", kind=kind, detail=f"ts: {ts!r}")
     return record
 
 

@@ -208,8 +208,8 @@ def _layout_table(msgs: list[_Columns], cols: str, n: int) -> pa.Table | None:
     if list(map(len, blobs)) != [width] * m:
         return None
     ts = pa.array(list(map(_TS, msgs)), pa.float64())
-    if not pc.all(pc.is_finite(ts)).as_py():
-        return None
+    if not pc.all(pc.is_finite(ts)).as_py() or pc.max(pc.abs(ts)).as_py() > dec.MAX_TS:
+        return None  # the per-message decoder says which message and why
     # One copy puts every column's values of the batch side by side (column-major).
     floats = np.frombuffer(b"".join(blobs), "<f8").reshape(m, len(names), n).transpose(1, 0, 2).reshape(len(names), m * n)
     ints = floats.view("<i8")

@@ -212,3 +212,28 @@ def test_unparsed_log_counts_and_keeps():
     assert log.by_reason == {"not UTF-8": 3, "ValueError: bad": 2}
     assert "5 input line(s)" in log.summary()[0]
     assert to_int("9" * 19) is None and to_int("²") is None and to_int("12") == 12
+
+
+def test_time_beyond_any_calendar_is_a_dead_letter_not_a_stopped_processor():
+    """benchmarks/hostile.py found it: a gpu sample with ts 4.9e44 decoded, then the lake's hour split
+    (int64) failed and the stream processor stopped ("cannot continue safely"). Now a dead letter."""
+    from types import SimpleNamespace
+
+    from faultlens.stream import decode_arrow, schema
+
+    huge = schema.GpuSample(ts=4.9e44, node="n", gpus=[schema.GpuState(index=0)])
+    ok = schema.GpuSample(ts=1.7e9, node="n", gpus=[schema.GpuState(index=0)])
+    for payload in (schema.encode(huge), decode.encode_wire(huge), b'{"v":1,"ts":"4.9e44","node":"n","gpus":[]}'):
+        with pytest.raises(SchemaError):
+            decode.decode("gpu", payload)
+    msgs = [SimpleNamespace(offset=i, key=None, value=v, headers=[])
+            for i, v in enumerate([decode.encode_wire(ok), decode.encode_wire(huge), schema.encode(huge)])]
+    out = decode_arrow.decode_batch("gpu", "t.gpu", 0, msgs)
+    assert [d.offset for d in out.dead] == [1, 2] and out.tables["gpu"].num_rows == 1
+
+
+def test_binary_sniff_spares_a_syslog_with_a_block_of_nuls():
+    """A kernel log after a hard reset holds a block of NUL bytes; the lines after it still count."""
+    log = b"Nov 21 04:40:00 host kernel: hello\n" * 20 + b"\x00" * 4000 + b"Nov 21 04:41:00 host kernel: NVRM: Xid\n"
+    assert sniff_binary(log) is None
+    assert sniff_binary(b"\x00" * 100) and sniff_binary(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 16)
