@@ -26,7 +26,10 @@ At the end, with everything drained and stopped by SIGTERM, it counts:
 
 Records the broker held but no consumer had read when it was killed are gone (memory
 storage); the agents' spools cover only what they had not handed over. The report
-says what that costs. Last line: one JSON object.
+says what that costs. The broker also forgets the jobs topic (topologies) and the
+diagnosis changelog: after each broker restart this script publishes the job
+topologies again, as a launcher hook would (``--no-republish-jobs``: don't; real Kafka
+keeps them). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -108,6 +111,10 @@ class Services:
         with self._lock:
             self._spawn(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
+
+    def restart(self, name: str) -> None:
+        with self._lock:
+            self._spawn(name)
 
     def crashed(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
@@ -207,6 +214,9 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap.add_argument("--nodes", type=int, default=5, help="virtual nodes = agents (4 jobs of 1 plus a spare by default)")
     ap.add_argument("--speed", type=float, default=8.0, help="simulated seconds per real second")
     ap.add_argument("--segment", type=float, default=None, help="simulated seconds per job's fault segment")
+    ap.add_argument("--no-republish-jobs", dest="republish_jobs", action="store_false",
+                    help="do not publish the jobs' topologies again after a broker restart (the embedded broker "
+                         "forgets them; real Kafka keeps the compacted jobs topic)")
     ap.add_argument("--workdir", default=None, help="keep everything here (default: a temporary directory)")
     args = ap.parse_args()
     kills = args.kills if args.kills is not None else (3 if args.quick else 10)
@@ -276,6 +286,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     threading.Thread(target=sampler, daemon=True).start()
     start = time.monotonic()
     done_kills = {"agent": 0, "stream": 0, "broker": 0}
+    crashes: dict[str, int] = {}
     with Progress(TextColumn("[bold]soak[/]"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task("", total=duration_s)
@@ -296,12 +307,16 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                     broker.kill()
                     time.sleep(0.5)
                     broker.start()
+                    if args.republish_jobs:  # the jobs topic went with the broker's memory
+                        ensure_topics(config.bus, broker.bootstrap)
+                        publish_topologies(config, broker.bootstrap, scenarios)
                 done_kills[role] += 1
                 ev += 1
-            crashed = [n for n in svc.crashed()]
-            if crashed:
-                console.print(f"[red]{crashed} exited[/]: {svc.tail(crashed[0])}")
-                break
+            for name in svc.crashed():  # a service that exited on its own: restarted, as systemd would
+                tail = svc.tail(name, 400).strip().splitlines()
+                console.print(f"[red]{name} exited ({svc.procs[name].returncode})[/]: {tail[-1] if tail else ''}")
+                crashes[name] = crashes.get(name, 0) + 1
+                svc.restart(name)
             progress.update(task, completed=min(now, duration_s),
                             description=f"kills agent {done_kills['agent']} stream {done_kills['stream']} "
                                         f"broker {done_kills['broker']}")
@@ -342,8 +357,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     taken = {k for k, ids in by_job.items() if handled & set(ids)}
     st, kt, nt = fig.get("steps", {}), fig.get("kernel", {}), fig.get("nccl", {})
     result = {
-        "benchmark": "soak", "quick": args.quick, "agents": len(agents), "kills": done_kills,
-        "sequence_s": round(duration_s, 1), "speed": args.speed, "wall_s": round(time.monotonic() - start, 1),
+        "bench": "soak", "quick": args.quick, "agents": len(agents), "kills": done_kills,
+        "sequence_s": round(duration_s, 1), "speed": args.speed, "republish_jobs": args.republish_jobs, "wall_s": round(time.monotonic() - start, 1),
         "steps": {"sent": steps_sent, "lake_rows": st.get("rows", 0), "lake_distinct": st.get("distinct", 0),
                   "lost": steps_sent - st.get("distinct", 0), "duplicated": st.get("rows", 0) - st.get("distinct", 0)},
         "xid_lines": {"sent": xid_sent, "lake_distinct": fig.get("xid_distinct", 0),
@@ -356,16 +371,19 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                     "ledger_handled": len(handled)},
         "peak_rss_mb": {**{r: round(kb / 1024, 1) for r, kb in sorted(svc.peak_kb.items())},
                         "broker": round(broker_peak / 1024, 1)},
-        "exit_codes": {k: v for k, v in codes.items()},
+        "crashes": crashes,  # exits on their own during the sequence (each restarted)
+        "exit_codes": {k: v for k, v in codes.items()},  # after SIGTERM: 0 is a drained, clean stop
         "workdir": str(work),
     }
     s, x, a = result["steps"], result["xid_lines"], result["actions"]
+    console = Console()  # the table goes to stdout (progress went to stderr)
     console.print(f"step records: sent {s['sent']}, in the lake {s['lake_distinct']}: lost {s['lost']}, "
                   f"duplicated {s['duplicated']}")
     console.print(f"Xid lines: sent {x['sent']}, in the lake {x['lake_distinct']}: lost {x['lost']}; "
                   f"duplicated rows kernel {result['kernel_duplicated']}, nccl {result['nccl_duplicated']}")
     console.print(f"actions: expected {a['expected']}, taken {a['taken']}, duplicate {a['duplicate']}, "
                   f"run twice {a['run_twice']}, missing {a['missing']}, unexpected {a['unexpected']}")
+    console.print(f"crashes (restarted): {crashes or 'none'}; exit codes after SIGTERM: {codes}")
     console.print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in result["peak_rss_mb"].items()))
     print(json.dumps(result))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,21 @@ def run(args: argparse.Namespace, config: Config) -> int:
         metrics = ServiceMetrics("diagnosis")
         server = MetricsServer(metrics.registry, config.diagnosis.metrics_port, host=config.diagnosis.metrics_host)
         print(f"metrics on http://{config.diagnosis.metrics_host}:{server.start()}/metrics")
+    def serve(service: DiagnosisService) -> None:
+        # SIGTERM (a supervisor, kubelet) and SIGINT finish the round in hand, flush incidents,
+        # actions and checkpoints and commit, as the end of --max-seconds does; then exit 0.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: service._stop.set())
+        service.serve(max_seconds=args.max_seconds)
+
     try:
         if config.bus.bootstrap_servers:
-            DiagnosisService(config, detectors=detectors, node_health=health,
-                             metrics=metrics).serve(max_seconds=args.max_seconds)
+            serve(DiagnosisService(config, detectors=detectors, node_health=health, metrics=metrics))
             return 0
         with EmbeddedBroker() as broker:
             print(f"no bootstrap servers configured: embedded broker at {broker.bootstrap}")
-            DiagnosisService(config, bootstrap=broker.bootstrap, detectors=detectors, node_health=health,
-                             metrics=metrics).serve(max_seconds=args.max_seconds)
+            serve(DiagnosisService(config, bootstrap=broker.bootstrap, detectors=detectors, node_health=health,
+                                   metrics=metrics))
         return 0
     finally:
         health.close()
