@@ -18,6 +18,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from faultlens.errors import CatalogError
 from faultlens.stream.schema import Finding, GpuSample, GpuState
 from faultlens.vocabulary import Category, LineAction, Severity, values
@@ -171,8 +173,9 @@ class CounterRules:
             if seen[index] >= self._vanish:
                 mem = self._gpus.get((sample.node, index))
                 last = mem.last if mem is not None else None
-                extra.append(GpuState(index=index, uuid=last.uuid if last else "", pci_bus=last.pci_bus if last else "",
-                                      lost=True))
+                # Its counters as last seen (a GPU that comes back must not read as a jump from 0), now lost.
+                extra.append(msgspec.structs.replace(last, lost=True) if last is not None
+                             else GpuState(index=index, lost=True))
         for index in here:
             seen[index] = 0
         return gpus + extra if extra else gpus

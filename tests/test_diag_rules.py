@@ -79,3 +79,18 @@ def test_a_gpu_left_out_of_two_samples_in_a_row_is_lost():
     assert [(f.kind, f.gpu, f.action) for f in found] == [("gpu_lost", 6, "evict_node")]
     assert rules.observe(sample(5, [0, 1, 2, 3, 4, 5, 7])) == []  # reported once, on the edge
     assert rules.observe(GpuSample(ts=6.0, node="n1", gpus=[])) == []  # an empty sample says nothing
+
+
+def test_a_vanished_gpu_that_comes_back_is_no_counter_jump():
+    """The lost stand-in keeps the GPU's last counters: on its return, a cumulative DBE count of 5 is not 'new'."""
+    rules = CounterRules()
+
+    def sample(t, indices):
+        return GpuSample(ts=float(t), node="n1", gpus=[GpuState(index=i, ecc_dbe=5 if i == 6 else 0) for i in indices])
+
+    rules.observe(sample(0, range(8)))
+    rules.observe(sample(1, [i for i in range(8) if i != 6]))
+    lost = rules.observe(sample(2, [i for i in range(8) if i != 6]))
+    assert [f.kind for f in lost] == ["gpu_lost"]
+    back = rules.observe(sample(3, range(8)))
+    assert "ecc_uncorrectable" not in [f.kind for f in back]
