@@ -18,6 +18,12 @@ Exactly once, without Kafka transactions:
    partitions that no manifest names (what a crash left between 2's writes),
    and seeks each partition to its last committed offset + 1.
 
+A partition buffer that reaches ``write_ahead_rows`` (flush_rows / 8 by default)
+has its files written before the flush, on the commit thread, so that writing
+overlaps polling (in a backlog the last commit otherwise wrote everything after
+polling ended); the flush's manifest names them with the rest. Until then they
+are uncommitted files like any other.
+
 A crash at any instant thus leaves either a committed range (kept, skipped on
 restart) or uncommitted files (deleted, re-read on restart).
 
@@ -114,6 +120,20 @@ class _Pending:
     last: int
     decoding: list[Future[Decoded]] = field(default_factory=list)
     messages: int = 0
+    chunk_first: int = -1  # first offset of ``decoding`` (ranges before it are in ``written``)
+    rows_est: int = 0  # rows in ``decoding``, estimated
+    written: list[_Written] = field(default_factory=list)  # ranges written ahead, not yet committed
+
+
+@dataclass
+class _Written:
+    """Files of one offset range, written but named by no manifest yet (the commit names them)."""
+
+    manifest: list[dict[str, Any]]
+    rows: Counter[str]
+    dead: Counter[str]
+    quarantine: list[schema.Quarantine]
+    unknown: Counter[str]
 
 
 class StreamProcessor:
@@ -147,6 +167,7 @@ class StreamProcessor:
         decode_threads: int | None = None,
         max_decoding_messages: int = 20_000,
         fetcher: str = "kafka",
+        write_ahead_rows: int | None = None,
     ):
         self.config = config
         self.bus = config.bus
@@ -161,6 +182,12 @@ class StreamProcessor:
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
         self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka): stream/fetch.py
+        # A partition buffer this large is written ahead on the commit thread (files only; the
+        # next commit's manifest names them), so that writing overlaps polling instead of
+        # following it. Files not named by a manifest are a crash's leftovers: deleted on
+        # assignment, like any. 0: write at the commit only.
+        self.write_ahead_rows = max(self.flush_rows // 8, 1) if write_ahead_rows is None else write_ahead_rows
+        self._ahead: list[Future[None]] = []
         self.max_decoding_messages = max_decoding_messages
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
@@ -297,6 +324,7 @@ class StreamProcessor:
         p = self._pending.get((topic, partition))
         if p is None:
             p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
+            p.chunk_first = p.first
         p.last = records[-1].offset
         # Decoding runs on worker threads: Arrow releases the GIL, so it overlaps
         # kafka-python's record parsing in this thread.
@@ -310,7 +338,14 @@ class StreamProcessor:
                 fut.set_exception(exc)
         p.decoding.append(fut)
         p.messages += len(records)
-        self._pending_rows += len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
+        est = len(records) * (8 if kind == "gpu" else 1)  # an estimate until decoded
+        self._pending_rows += est
+        p.rows_est += est
+        if self.write_ahead_rows and p.rows_est >= self.write_ahead_rows and self._fatal is None:
+            futs, p.decoding, p.rows_est = p.decoding, [], 0
+            first, p.chunk_first = p.chunk_first, p.last + 1
+            self._ahead = [f for f in self._ahead if not f.done()]
+            self._ahead.append(self._committer.submit(self._write_ahead, topic, partition, p, first, p.last, futs))
         self._decoding.append((fut, len(records)))
         self._decoding_messages += len(records)
         # Back-pressure: polling is faster than decoding; undecoded records are
@@ -357,6 +392,57 @@ class StreamProcessor:
             self._fatal = exc
             raise
 
+    def _write_ahead(self, topic: str, partition: int, p: _Pending, first: int, last: int,
+                     futs: list[Future[Decoded]]) -> None:
+        """On the commit thread: one partition's range written before its commit (see ``write_ahead_rows``)."""
+        if self._fatal is not None:
+            return  # the commit that would name these files never comes
+        try:
+            p.written.append(self._write_range(topic, partition, p.kind, first, last, futs))
+        except BaseException as exc:
+            self._fatal = exc
+            raise
+
+    def _write_range(self, topic: str, partition: int, kind: str, first: int, last: int,
+                     futs: list[Future[Decoded]]) -> _Written:
+        """The files of one partition's offset range, and the manifest rows that will name them."""
+        stem = f"{kind}-p{partition}-o{first}-{last}-{time.time_ns():x}{uuid.uuid4().hex[:8]}"
+        out = _Written([], Counter(), Counter(), [], Counter())
+        parts: dict[str, list[pa.Table]] = {}
+        dead_letters: list[schema.DeadLetter] = []
+        for fut in futs:
+            decoded = fut.result()
+            for t, table in decoded.tables.items():
+                parts.setdefault(t, []).append(table)
+            dead_letters.extend(decoded.dead)
+            out.quarantine.extend(decoded.quarantine)
+            out.unknown.update(decoded.unknown)
+        futs.clear()  # let the decoded batches go once they are concatenated
+        tables = {t: pa.concat_tables(ps) if len(ps) > 1 else ps[0] for t, ps in parts.items()}
+        del parts
+        if dead_letters:
+            self._send_dead(dead_letters)
+            tables["deadletter"] = pa.Table.from_pylist(
+                [row for d in dead_letters for row in schema.lake_row(d)], schema=schema.lake_schema("deadletter")
+            )
+            out.dead.update(d.reason for d in dead_letters)
+        if out.quarantine:
+            tables["quarantine"] = pa.Table.from_pylist(
+                [row for q in out.quarantine for row in schema.lake_row(q)], schema=schema.lake_schema("quarantine")
+            )
+        if self.rollups and "gpu" in tables and tables["gpu"].num_rows:
+            tables["gpu_1m"] = catalog_mod.gpu_rollup_partial(tables["gpu"])
+        if self.rollups and "steps" in tables and tables["steps"].num_rows:
+            tables["steps_1m"] = catalog_mod.steps_rollup_partial(tables["steps"])
+        base = {"kind": kind, "topic": topic, "partition": partition, "first_offset": first, "last_offset": last}
+        for t, data in tables.items():
+            for path, n in self.lake.write_table_counted(t, data, stem=stem):
+                out.manifest.append({**base, "lake_table": t, "file": self.lake.relative(path), "rows": n})
+                out.rows[t] += n
+        if not out.manifest:  # the range had no rows (all empty): still record that it was consumed
+            out.manifest.append({**base, "lake_table": None, "file": None, "rows": 0})
+        return out
+
     def _write_commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
         commit_id = f"{time.time_ns():x}{uuid.uuid4().hex[:8]}"
         manifest: list[dict[str, Any]] = []
@@ -364,45 +450,14 @@ class StreamProcessor:
         dead: Counter[str] = Counter()
         decoded_reports: list[tuple[str, list[schema.Quarantine], Counter[str]]] = []
         for (topic, partition), p in pending.items():
-            stem = f"{p.kind}-p{partition}-o{p.first}-{p.last}-{commit_id}"
-            parts: dict[str, list[pa.Table]] = {}
-            dead_letters: list[schema.DeadLetter] = []
-            quarantine: list[schema.Quarantine] = []
-            unknown: Counter[str] = Counter()
-            for fut in p.decoding:
-                decoded = fut.result()
-                for t, table in decoded.tables.items():
-                    parts.setdefault(t, []).append(table)
-                dead_letters.extend(decoded.dead)
-                quarantine.extend(decoded.quarantine)
-                unknown.update(decoded.unknown)
-            p.decoding.clear()  # let the decoded batches go once they are concatenated
-            tables = {t: pa.concat_tables(ps) if len(ps) > 1 else ps[0] for t, ps in parts.items()}
-            del parts
-            if dead_letters:
-                self._send_dead(dead_letters)
-                tables["deadletter"] = pa.Table.from_pylist(
-                    [row for d in dead_letters for row in schema.lake_row(d)], schema=schema.lake_schema("deadletter")
-                )
-                dead.update(d.reason for d in dead_letters)
-            if quarantine:
-                tables["quarantine"] = pa.Table.from_pylist(
-                    [row for q in quarantine for row in schema.lake_row(q)], schema=schema.lake_schema("quarantine")
-                )
-            decoded_reports.append((p.kind, quarantine, unknown))
-            if self.rollups and "gpu" in tables and tables["gpu"].num_rows:
-                tables["gpu_1m"] = catalog_mod.gpu_rollup_partial(tables["gpu"])
-            if self.rollups and "steps" in tables and tables["steps"].num_rows:
-                tables["steps_1m"] = catalog_mod.steps_rollup_partial(tables["steps"])
-            base = {"kind": p.kind, "topic": topic, "partition": partition, "first_offset": p.first, "last_offset": p.last}
-            files = 0
-            for t, data in tables.items():
-                for path, n in self.lake.write_table_counted(t, data, stem=stem):
-                    manifest.append({**base, "lake_table": t, "file": self.lake.relative(path), "rows": n})
-                    rows[t] += n
-                    files += 1
-            if not files:  # the range had no rows (all empty): still record that it was consumed
-                manifest.append({**base, "lake_table": None, "file": None, "rows": 0})
+            written = list(p.written)
+            if p.decoding:
+                written.append(self._write_range(topic, partition, p.kind, p.chunk_first, p.last, p.decoding))
+            for w in written:
+                manifest.extend(w.manifest)
+                rows.update(w.rows)
+                dead.update(w.dead)
+                decoded_reports.append((p.kind, w.quarantine, w.unknown))
         if dead and confirm_dead_letters and self._producer is not None:
             try:
                 self._producer.flush(timeout_s=10)

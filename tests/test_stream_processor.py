@@ -132,6 +132,30 @@ def test_a_restarted_processor_resumes_after_its_last_commit(bus, tmp_path, fetc
     assert {t: got[t] for t in want} == {t: (n, n) for t, n in want.items()}
 
 
+def test_ranges_written_ahead_of_their_commit_land_exactly_once(bus, tmp_path) -> None:
+    """Buffers written ahead (files first, named by the next commit's manifest) give the same lake."""
+    ensure_topics(bus)
+    records = mixed_records(500)
+    produce(bus, records[:250])
+    with Producer(bus) as p:
+        p.send_raw("gpu", "n1", b"{not json")
+        p.flush()
+    produce(bus, records[250:])
+    proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, write_ahead_rows=20)
+    stats = proc.run(exit_when_idle_s=2.0, max_runtime_s=60)
+    want = expected_rows(records)
+    got = lake_counts(tmp_path / "lake")
+    assert {t: got[t] for t in want} == {t: (n, n) for t, n in want.items()}
+    assert stats.dead_letters == {"malformed_json": 1}
+    db = open_lake(tmp_path / "lake")
+    assert db.execute("SELECT count(*) FROM deadletter").fetchone()[0] == 1
+    assert db.execute("SELECT sum(samples) FROM gpu_1m").fetchone()[0] == want["gpu"]
+    # every file in the lake is named by a manifest (nothing written ahead was left unnamed)
+    named = {r[0] for r in db.execute("SELECT file FROM manifest WHERE file IS NOT NULL").fetchall()}
+    on_disk = {p.relative_to(tmp_path / "lake").as_posix() for p in (tmp_path / "lake").glob("*/date=*/hour=*/*.parquet")}
+    assert on_disk == named and len(named) > 2 * len(want)
+
+
 def _start_processor(bus: BusConfig, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "faultlens.cli", "stream", "--bootstrap-servers", bus.bootstrap_servers,
            "--set", f"bus.topic_prefix={bus.topic_prefix}", "--lake", str(tmp_path / "lake"),
