@@ -69,6 +69,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         flush_interval_s=args.flush_interval_s,
         flush_rows=args.flush_rows,
         rollups=not args.no_rollups,
+        fetcher=config.lake.fetcher,
     )
 
     def _stop(signum: int, _frame: Any) -> None:
