@@ -145,9 +145,22 @@ def _parsed(parser: Any, lines: Iterable[str], source: str, ordinary: Classifica
         try:
             items = parser.feed(text)
         except Exception as exc:  # noqa: BLE001
-            yield from lost(no, reason_of(exc))
+            yield from failed(no, line, reason_of(exc))
             return
         yield from drain([*items, 1] if not text.strip() else items)
+
+    def failed(no: int, line: str, reason: str) -> Iterator[ExplainedLine]:
+        """Line ``no`` failed: the record open before it is closed as it stands (when that works), then the line."""
+        pending.pop()
+        try:
+            held = parser.flush()
+        except Exception:  # noqa: BLE001 - then its lines go as unparsed too
+            pending.append((no, line))
+            yield from lost(no, reason)
+            return
+        yield from drain(held)
+        pending.append((no, line))
+        yield from lost(no, reason)
 
     def run(batch: list[tuple[int, str]]) -> Iterator[ExplainedLine]:
         if ordinary is None:

@@ -237,3 +237,36 @@ def test_binary_sniff_spares_a_syslog_with_a_block_of_nuls():
     log = b"Nov 21 04:40:00 host kernel: hello\n" * 20 + b"\x00" * 4000 + b"Nov 21 04:41:00 host kernel: NVRM: Xid\n"
     assert sniff_binary(log) is None
     assert sniff_binary(b"\x00" * 100) and sniff_binary(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 16)
+
+
+class _Exploding(KernelParser):
+    """A parser that raises on a line holding BOOM (none of ours does any more: this drives the error path)."""
+
+    def _head(self, line):  # type: ignore[override]
+        if "BOOM" in line:
+            raise RuntimeError("boom")
+        return super()._head(line)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_explain_error_path_keeps_every_line_in_order(fast):
+    from faultlens.explain import _ordinary_fast_path, _parsed
+
+    lines = ["[ 1.0] NVRM: Xid (PCI:0000:05:00): 79, pid=1, GPU has fallen off the bus.", "[ 1.1] audit: ok",
+             "[ 1.2] INFO: task python:12 blocked for more than 120 seconds.", "  Call Trace:", "BOOM here",
+             "[ 1.3] audit: ok", "", "  indented BOOM", "[ 1.4] NVRM: Xid (PCI:0000:05:00): 48, pid=1, DBE"] * 3
+    ordinary = _ordinary_fast_path()
+    parser = _Exploding(extra_hot=ordinary[0]) if fast and ordinary else _Exploding()
+    out = list(_parsed(parser, lines, "kernel", ordinary[1] if fast and ordinary else None))
+    assert [e.line_no for e in out] == list(range(1, len(lines) + 1))
+    assert [e.text for e in out] == lines
+    by_text = {}
+    for e in out:
+        by_text.setdefault(e.text, set()).add(e.c.rule)
+    assert by_text["BOOM here"] == {"unparsed"} and by_text["  indented BOOM"] == {"unparsed"}
+    assert any("RuntimeError: boom" in e.c.meaning for e in out)
+    assert {e.c.xid for e in out if e.text.endswith("fallen off the bus.")} == {79}
+    assert {e.c.xid for e in out if e.text.endswith("DBE")} == {48}  # the parser goes on after the failure
+    if not fast:  # line by line, the record open before the failing line is closed as it stands
+        assert by_text["  Call Trace:"] == {by_text["[ 1.2] INFO: task python:12 blocked for more than 120 seconds."].pop()}
+        assert "unparsed" not in by_text["  Call Trace:"]
