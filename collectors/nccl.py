@@ -12,21 +12,17 @@ the [[kind]] entries of faultlens/catalogs/nccl.toml; what it means is faultlens
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from faultlens.collectors.container_logs import unwrap_container
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.collectors.unparsed import to_int
 from faultlens.stream.schema import NcclEvent
 
-# Container runtimes' own wrappers around a process's line (kubectl logs / docker logs give the bare
-# line; the files on the node do not): CRI (containerd, CRI-O) "<RFC3339Nano> stderr F <line>" and
-# Docker's json-file driver {"log": "<line>\n", "stream": "stderr", "time": "<RFC3339Nano>"}.
-CRI_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (?:stdout|stderr) [FP] ")
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)(\d+)\]:|\[1,(\d+)\]<std(?:out|err)>:)\s?")
 SRUN_LABEL_RE = re.compile(r"^\s{0,5}(\d{1,6}): (?=\S)")
 ISO_PREFIX_RE = re.compile(r"^\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?:[,.](\d+))?\]?(?:\s+-\s+|\s+)")
@@ -52,36 +48,6 @@ TS_HINT_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)\d+\]:|\[1,\d+\]<
 
 
 @lru_cache(maxsize=1)
-def _rfc3339(text: str) -> float | None:
-    """RFC 3339 time with nanoseconds (Python reads microseconds): unix seconds, or None."""
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?$", text.strip())
-    if m is None:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) in (None, "Z") else m.group(3)))
-    except ValueError:
-        return None
-    return t.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
-
-
-def _unwrap_container(raw: str) -> tuple[str, float | None]:
-    """A container runtime's log line -> (the process's own line, the runtime's time); else (raw, None)."""
-    if raw.startswith('{"log"'):
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
-            return raw, None
-        if isinstance(obj, dict) and isinstance(obj.get("log"), str):
-            t = obj.get("time")
-            return obj["log"].rstrip("\r\n"), _rfc3339(t) if isinstance(t, str) else None
-        return raw, None
-    if raw[:1].isdigit():
-        m = CRI_RE.match(raw)
-        if m:
-            return raw[m.end():], _rfc3339(m.group(1))
-    return raw, None
-
-
 def nccl_kinds() -> KindTable:
     return load_kind_table(CATALOGS / "nccl.toml")
 
@@ -131,7 +97,7 @@ class NcclParser(FastPathParser):
 
     def _line(self, raw: str) -> _Line:
         rank = None
-        s, wrapped_ts = _unwrap_container(raw)
+        s, wrapped_ts = unwrap_container(raw)
         if s[:1].isdigit() or s[:1] == " ":
             m = SRUN_LABEL_RE.match(s)  # srun --label: "3: <the rank's line>"
             if m:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from faultlens.collectors.container_logs import unwrap_container  # standard library only
 from faultlens.collectors.sources import FollowedSource, register_source  # standard library only
 from faultlens.collectors.unparsed import to_int  # standard library only
 
@@ -189,6 +190,7 @@ def parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def _parse_step_line(text: str) -> tuple[str, dict[str, Any]] | None:
+    text = unwrap_container(text)[0]  # a container runtime's file on the node: the process's own line
     if "\x1b" in text:
         text = ANSI_RE.sub("", text)
     if "iteration" in text and "|" in text:
@@ -337,6 +339,8 @@ class StepsSource(FollowedSource):
             s = line.strip()
             if not s:
                 continue
+            if s.startswith('{"log"'):  # Docker's json-file wrapper around the line the trainer wrote
+                s = unwrap_container(s)[0].strip()
             if s.startswith("{"):
                 try:
                     obj = orjson.loads(s)
