@@ -21,9 +21,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from faultlens.config import BusConfig
+from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import ensure_topics
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.processor import StreamProcessor
@@ -50,7 +53,7 @@ def _distinct(lake: Path) -> int:
         db.close()
 
 
-def _start_agent(bus, tmp_path: Path, log) -> subprocess.Popen[bytes]:  # noqa: ANN001
+def _start_agent(bus: BusConfig, tmp_path: Path, log: Any) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FAULTLENS_BOOTSTRAP=bus.bootstrap_servers, FAULTLENS_BUS_TOPIC_PREFIX=bus.topic_prefix,
                FAULTLENS_AGENT_MIN_SEND_INTERVAL_S="2.0")
     cmd = [sys.executable, "-m", "faultlens.cli", "agent", "--node", "n1", "--job", "j1", "--no-nvml",
@@ -60,7 +63,12 @@ def _start_agent(bus, tmp_path: Path, log) -> subprocess.Popen[bytes]:  # noqa: 
 
 
 @pytest.mark.slow
-def test_agent_kill_9_and_restart_loses_and_duplicates_no_record(bus, tmp_path: Path) -> None:
+def test_agent_kill_9_and_restart_loses_and_duplicates_no_record(tmp_path: Path) -> None:
+    with EmbeddedBroker() as broker:  # its own: the session broker carries other tests' groups and topics
+        _kill_and_count(BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="agentkill", linger_ms=5), tmp_path)
+
+
+def _kill_and_count(bus: BusConfig, tmp_path: Path) -> None:
     ensure_topics(bus)
     (tmp_path / "kernel.log").touch()
     steps = tmp_path / "steps.jsonl"
