@@ -275,10 +275,6 @@ class Agent:
         self._stop = stop
         self._start_metrics()
         self._start_sources()
-        # Where the followers start (the end of a log they had never seen, or where the last
-        # agent stopped): saved at once, so an agent killed before its first send resumes
-        # there rather than at the end of lines it never shipped.
-        self._save_positions()
         ac = self.config.agent
         next_health = time.monotonic() + ac.health_interval_s
         try:

@@ -62,6 +62,25 @@ class Spool:
         self._counts: dict[int, int] = {}
         self._cursor = self._read_cursor()
         self._writer: Any = None
+        self._cut_torn_tail()
+
+    def _cut_torn_tail(self) -> None:
+        """A kill -9 mid-append leaves a partial last frame: cut it, or the frames this agent
+        appends after it would be unreadable (the reader stops at the torn one)."""
+        if not self._segments:
+            return
+        seg = self._segments[-1]
+        before, end = self.corrupt_bytes, 0
+        for _entry, after in self._iter_segment(seg, 0):
+            end = after
+        self.corrupt_bytes = before  # counted once, below
+        size = self._sizes[seg]
+        if end < size:
+            self.corrupt_bytes += size - end
+            with open(self._path(seg), "r+b") as f:
+                f.truncate(end)
+            self._sizes[seg] = end
+            log.warning("spool %s: cut a torn last record (%d bytes) left by a crash", self._path(seg).name, size - end)
 
     def _path(self, seg: int) -> Path:
         return self.dir / f"seg-{seg:012d}.spool"

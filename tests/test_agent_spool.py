@@ -205,3 +205,17 @@ def _quiet_kafka_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("WARNING", logger="kafka")
 
 
+
+
+def test_a_torn_last_record_is_cut_so_later_appends_stay_readable(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16)
+    sp.append(_entries(0, 10))
+    sp.close()
+    seg = sorted(tmp_path.glob("seg-*.spool"))[-1]
+    with open(seg, "ab") as f:  # a kill -9 in the middle of an append
+        f.write(b"\x00\x00\x02\x00\x00\x01\x00ab")
+    again = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16)  # the restarted agent
+    again.append(_entries(10, 15))
+    got, _ = again.peek(100)
+    assert [int(v.split(b",")[0][8:]) for _, _, v in got] == list(range(15))
+    assert again.corrupt_bytes == 9

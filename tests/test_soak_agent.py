@@ -21,9 +21,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from faultlens.config import BusConfig
+from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import ensure_topics
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.processor import StreamProcessor
@@ -38,7 +41,19 @@ def _step_line(i: int) -> str:
                        "step": i // 8, "duration_s": 1.0, "tokens": 4096}) + "\n"
 
 
-def _start_agent(bus, tmp_path: Path, log) -> subprocess.Popen[bytes]:  # noqa: ANN001
+def _distinct(lake: Path) -> int:
+    if not (lake / "_manifest").exists():
+        return 0
+    db = open_lake(lake)
+    try:
+        return db.execute("SELECT count(DISTINCT (job, rank, step)) FROM steps").fetchone()[0]
+    except Exception:  # noqa: BLE001 - no steps file yet
+        return 0
+    finally:
+        db.close()
+
+
+def _start_agent(bus: BusConfig, tmp_path: Path, log: Any) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FAULTLENS_BOOTSTRAP=bus.bootstrap_servers, FAULTLENS_BUS_TOPIC_PREFIX=bus.topic_prefix,
                FAULTLENS_AGENT_MIN_SEND_INTERVAL_S="2.0")
     cmd = [sys.executable, "-m", "faultlens.cli", "agent", "--node", "n1", "--job", "j1", "--no-nvml",
@@ -48,7 +63,12 @@ def _start_agent(bus, tmp_path: Path, log) -> subprocess.Popen[bytes]:  # noqa: 
 
 
 @pytest.mark.slow
-def test_agent_kill_9_and_restart_loses_and_duplicates_no_record(bus, tmp_path: Path) -> None:
+def test_agent_kill_9_and_restart_loses_and_duplicates_no_record(tmp_path: Path) -> None:
+    with EmbeddedBroker() as broker:  # its own: the session broker carries other tests' groups and topics
+        _kill_and_count(BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="agentkill", linger_ms=5), tmp_path)
+
+
+def _kill_and_count(bus: BusConfig, tmp_path: Path) -> None:
     ensure_topics(bus)
     (tmp_path / "kernel.log").touch()
     steps = tmp_path / "steps.jsonl"
@@ -81,7 +101,14 @@ def test_agent_kill_9_and_restart_loses_and_duplicates_no_record(bus, tmp_path: 
         assert agent.wait(timeout=30) == 0
 
     proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3)
-    proc.run(exit_when_idle_s=4, max_runtime_s=120)
+    reader = threading.Thread(target=proc.run, kwargs={"max_runtime_s": 150})
+    reader.start()
+    deadline = time.monotonic() + 120  # until every line is there (or the deadline: then it was lost)
+    while time.monotonic() < deadline and _distinct(tmp_path / "lake") < LINES:
+        time.sleep(1)
+    time.sleep(2)  # a duplicate would come in the same batches
+    proc.stop()
+    reader.join(timeout=60)
     db = open_lake(tmp_path / "lake")
     rows, distinct = db.execute("SELECT count(*), count(DISTINCT (job, rank, step)) FROM steps").fetchone()
     most = db.execute("SELECT max(n) FROM (SELECT count(*) n FROM steps GROUP BY job, rank, step)").fetchone()[0]
