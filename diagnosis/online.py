@@ -46,12 +46,13 @@ from faultlens.diagnosis.state import (
     ChangelogReader,
     EngineFactory,
     JobState,
+    Restored,
     mark_value,
     restore,
     snapshot,
 )
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
-from faultlens.errors import SchemaError
+from faultlens.errors import BusError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
@@ -127,6 +128,7 @@ class DiagnosisService:
         self.produced = 0
         self.checkpoints = 0
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
+        self.restore_failures = 0  # partitions whose changelog could not be read (their jobs started afresh)
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
@@ -187,9 +189,20 @@ class DiagnosisService:
     def _on_assigned(self, partitions: list[int]) -> None:
         for p in sorted(set(partitions) - self.partitions):
             started = time.monotonic()
-            if self._changelog is None:
-                self._changelog = ChangelogReader(self.config, self.bootstrap)
-            restored = self._changelog.read(p)
+            try:
+                if self._changelog is None:
+                    self._changelog = ChangelogReader(self.config, self.bootstrap)
+                restored = self._changelog.read(p)
+            except BusError as exc:
+                # A changelog the broker cannot hand over (a memory-only broker restarted and lost it,
+                # or it times out): the partition's jobs start afresh rather than the service stopping.
+                # Their open incidents are forgotten; action ids are deterministic and the runner's
+                # ledger executes an id once, so a re-decided action is not run twice.
+                log.error("diagnosis: changelog partition %d unreadable (%s): its jobs start afresh", p, exc)
+                self.restore_failures += 1
+                close_quietly(self._changelog)  # a fresh client next time: this one may be stuck on the old cluster
+                self._changelog = None
+                restored = Restored({}, None, 0, time.monotonic() - started)
             keys = 0
             for key, value in restored.values.items():
                 try:
