@@ -191,6 +191,7 @@ class ChangelogReader:
         from faultlens.stream.bus import client_kwargs
 
         self.name = topics.topic("diag-changelog", config.bus.topic_prefix)
+        self._bus, self._bootstrap = config.bus, bootstrap
         try:
             self._consumer = KafkaConsumer(**client_kwargs(config.bus, bootstrap), enable_auto_commit=False,
                                            group_id=None, fetch_max_bytes=64 * 1024 * 1024,
@@ -209,6 +210,16 @@ class ChangelogReader:
         mark = None
         n = 0
         try:
+            known = c.partitions_for_topic(self.name)
+            if not known or partition not in known:
+                # No such topic on the broker (a memory-only broker restarted without it): nothing
+                # to restore, and asking its offsets would only wait out the client's timeout. The
+                # topics are made again so that this instance's checkpoints have somewhere to go.
+                log.warning("%s has no partition %d on the broker: nothing to restore", self.name, partition)
+                from faultlens.stream.bus import ensure_topics
+
+                ensure_topics(self._bus, self._bootstrap)
+                return Restored(values, mark, 0, time.monotonic() - started)
             c.assign([tp])
             c.seek_to_beginning(tp)
             end = c.end_offsets([tp])[tp]
