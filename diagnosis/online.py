@@ -338,14 +338,26 @@ class DiagnosisService:
         moved = {p for p in partitions if self._applied.get(p, 0) > self._marked.get(p, 0)}
         if not dirty and not moved:
             return
-        for st in dirty:
-            producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
-            st.dirty = False
         marked = {st.partition for st in dirty} | moved
-        for p in marked:
-            producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
-                                                                    self.stream_time.get(p, 0.0)), partition=p)
-        producer.flush(30.0)
+        try:
+            for st in dirty:
+                producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
+            for p in marked:
+                producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
+                                                                        self.stream_time.get(p, 0.0)), partition=p)
+            producer.flush(30.0)
+        except BusError as exc:
+            # The changelog is not there to write (a memory-only broker restarted without it): the
+            # markers stay where they were, so committed offsets hold back and nothing is skipped;
+            # the topics are made again and the next round checkpoints.
+            log.warning("diagnosis: checkpoint not written (%s); retrying next round", exc)
+            try:
+                ensure_topics(self.config.bus, self.bootstrap)
+            except BusError as again:
+                log.warning("diagnosis: cannot make the topics again: %s", again)
+            return
+        for st in dirty:
+            st.dirty = False
         for p in marked:
             self._marked[p] = max(self._marked.get(p, 0), self._applied.get(p, 0))
         self.checkpoints += 1

@@ -137,6 +137,8 @@ class Producer:
                                        headers=headers or None)
         except KafkaError as exc:
             raise BusError(f"producing to {name} failed: {exc}") from exc
+        except ValueError as exc:  # kafka-python: "Unrecognized partition" (the broker lost the topic)
+            raise BusError(f"producing to {name}[{partition}] failed: {exc}") from exc
 
     def flush(self, timeout_s: float | None = None) -> None:
         from kafka.errors import KafkaError
