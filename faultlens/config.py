@@ -57,10 +57,11 @@ class LakeConfig:
     group_id: str = "faultlens-stream"
     metrics_port: int = 0  # 0: no /metrics endpoint
     metrics_host: str = "127.0.0.1"
-    # The processor's Kafka client (stream/fetch.py): "kafka" (kafka-python, the default: its
-    # broker-restart handling covers the embedded broker) or "confluent" (confluent-kafka,
-    # pip install 'faultlens[confluent]': ~1.3x the lake rate, kafka-python's parsing is the wall).
-    fetcher: str = "kafka"
+    # The processor's Kafka client (stream/fetch.py): "auto" (confluent-kafka when installed and
+    # the bus is a real cluster, else kafka-python), "kafka" (kafka-python: its broker-restart
+    # handling covers the memory-only embedded broker) or "confluent" (confluent-kafka: ~1.3-1.7x
+    # the lake rate; kafka-python's record parsing is the processor's wall).
+    fetcher: str = "auto"
 
 
 @dataclass(frozen=True)

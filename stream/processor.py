@@ -64,7 +64,7 @@ from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, schema, topics
-from faultlens.stream.fetch import Fetcher, Key, open_fetcher
+from faultlens.stream.fetch import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.lake import LakeWriter
 from faultlens.stream.processor_stats import ProcessorStats
 
@@ -181,7 +181,7 @@ class StreamProcessor:
         self.rollups = rollups
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
-        self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka): stream/fetch.py
+        self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka) | auto: stream/fetch.py
         # A partition buffer this large is written ahead on the commit thread (files only; the
         # next commit's manifest names them), so that writing overlaps polling instead of
         # following it. Files not named by a manifest are a crash's leftovers: deleted on
@@ -226,6 +226,8 @@ class StreamProcessor:
         from faultlens.stream.bus import Producer, ensure_topics
 
         ensure_topics(self.bus, self.bootstrap)
+        self.fetcher_backend = choose_backend(self.fetcher_backend, self.bootstrap)
+        log.info("fetching with %s", "confluent-kafka" if self.fetcher_backend == "confluent" else "kafka-python")
         if not CHECK_CRCS and self.fetcher_backend == "kafka":
             log.info("no C crc32c module: record-batch CRC checks are off (pip install crc32c turns them on)")
         self._fetch = open_fetcher(
