@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,8 @@ from faultlens.diagnosis.detectors import (
     new_classify_context,
 )
 from faultlens.diagnosis.exceptions import exception_fingerprint, user_exception
-from faultlens.diagnosis.guard import Guard
+from faultlens.diagnosis.guard import Guard, job_level
+from faultlens.diagnosis.guardlog import GuardLog, LocalGuardLog
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
 from faultlens.diagnosis.jobwide import JobWideCorrelator, JobWideRule
@@ -96,7 +97,8 @@ class DiagnosisEngine:
 
     def __init__(self, config: Config, *, detectors: Sequence[Detector] = (), node_health: NodeHealth | None = None,
                  mode: Mode | None = None, batch: bool | None = None, classify: Any = "auto",
-                 source: str = "/faultlens/diagnosis"):
+                 source: str = "/faultlens/diagnosis", guard_log: GuardLog | None = None,
+                 on_suppressed: Callable[[str], None] | None = None):
         self.config = config
         self.mode: Mode = mode or (BATCH if batch else ONLINE)
         self.source = source
@@ -113,6 +115,10 @@ class DiagnosisEngine:
             join_window_s={"ib_link": d.network_window_s},
         )
         self.guard = Guard(config.guard)
+        # The caps' shared log (diagnosis.guardlog): every job of the fleet claims its evictions there.
+        self.guard_log: GuardLog = guard_log if guard_log is not None else LocalGuardLog(config.guard,
+                                                                                          config.guard.state_path)
+        self.on_suppressed = on_suppressed  # a metrics hook: called with each suppression's reason
         self.aggregator = StackAggregator()
         self.steps_cfg = {"hang_step_multiple": 20.0, "hang_min_silence_s": 60.0, "hang_grace_s": 180.0,
                           "hang_gap_multiple": 1.5, "end_min_silence_s": 30.0, "end_step_multiple": 5.0,
@@ -437,11 +443,25 @@ class DiagnosisEngine:
     def _act(self, inc: OpenIncident, decision: Decision) -> None:
         job = self._jobs.get(inc.job)
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
-        verdict = self.guard.check(decision, job=inc.job, now=self.now, job_nodes=job_nodes)
         inc.decided.add(decision.type)
+        decision = job_level(decision)  # no node-targeted action with no node (diagnosis.guard)
+        verdict = self.guard.check(decision, job=inc.job, now=self.now, job_nodes=job_nodes, log=self.guard_log,
+                                   claim_id=output_id("act", inc.id, decision.type))
+        inc.decided.add(decision.type)
+        for reason, text in verdict.suppressed:
+            inc.record_suppression(reason, text, ts=self.now, type_=decision.type, nodes=decision.nodes,
+                                   keep=self.config.guard.suppressions_kept)
+            self.counts[f"suppressed_{reason}"] = self.counts.get(f"suppressed_{reason}", 0) + 1
+            if self.on_suppressed is not None:
+                self.on_suppressed(reason)
         if verdict.decision is None:
             return
         d = verdict.decision
+        if d.type in _REMEDIES:
+            inc.state.refused = None
+        elif decision.type in _REMEDIES and verdict.suppressed:
+            inc.state.refused = f"{decision.type} refused by the guard: {verdict.suppressed[-1][1]}"
+            inc.summary = f"open: {inc.state.refused}; a person decides"
         if verdict.storm:
             inc.summary = f"fabric-level storm: {'; '.join(verdict.notes)}"
         inc.decided.add(d.type)

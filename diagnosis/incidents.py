@@ -109,6 +109,9 @@ class IncidentState:
     # (route action "signature": an unclassified incident takes what its line's catalog entry says)
     line_action: str | None = None
     signature: str | None = None
+    # the guard refused the remedy decided (cap, breaker, storm, confidence): the incident stays open with
+    # this reason until a remedy goes out or a person closes it, never "mitigated" by the notify it got
+    refused: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"exception_ranks": {k: sorted(v) for k, v in self.exception_ranks.items()},
@@ -116,7 +119,7 @@ class IncidentState:
                 "requested_ts": self.requested_ts, "corroborated_by": list(self.corroborated_by),
                 "is_cause": self.is_cause, "affected_nodes": list(self.affected_nodes),
                 "folded_into": self.folded_into, "nan_search": self.nan_search, "waiting": self.waiting,
-                "line_action": self.line_action, "signature": self.signature}
+                "line_action": self.line_action, "signature": self.signature, "refused": self.refused}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IncidentState:
@@ -131,7 +134,7 @@ class IncidentState:
                    requested_ts=d.get("requested_ts"), corroborated_by=list(d.get("corroborated_by") or []),
                    is_cause=bool(d.get("is_cause", False)), affected_nodes=list(d.get("affected_nodes") or []),
                    folded_into=d.get("folded_into"), nan_search=d.get("nan_search"), waiting=d.get("waiting"),
-                   line_action=d.get("line_action"), signature=d.get("signature"))
+                   line_action=d.get("line_action"), signature=d.get("signature"), refused=d.get("refused"))
 
 
 @dataclass
@@ -151,6 +154,9 @@ class OpenIncident:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     evidence_count: int = 0
     muted: list[dict[str, Any]] = field(default_factory=list)
+    # what the guard did not let out as decided: the newest few [{ts, reason, type, nodes, text}], and counts
+    suppressed: list[dict[str, Any]] = field(default_factory=list)
+    suppressed_counts: dict[str, int] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
     decided: set[str] = field(default_factory=set)  # action types already taken
     summary: str = ""
@@ -163,7 +169,7 @@ class OpenIncident:
     def material(self) -> tuple[Any, ...]:
         """What a consumer must hear about at once; more evidence alone can wait."""
         return (self.status, self.kind, self.role, round(self.confidence, 2), tuple(self.actions), len(self.muted),
-                tuple((s["node"], s["score"]) for s in self.top_suspects()))
+                sum(self.suppressed_counts.values()), tuple((s["node"], s["score"]) for s in self.top_suspects()))
 
     @property
     def category(self) -> str:
@@ -190,6 +196,15 @@ class OpenIncident:
         self.updated_ts = max(self.updated_ts, signal.ts)
         self.dirty = True
 
+    def record_suppression(self, reason: str, text: str, *, ts: float, type_: str, nodes: tuple[str, ...] | list[str],
+                           keep: int = 20) -> None:
+        """The guard did not let an action out as decided: counted by reason, the newest ``keep`` listed."""
+        self.suppressed_counts[reason] = self.suppressed_counts.get(reason, 0) + 1
+        self.suppressed.append({"ts": ts, "reason": reason, "type": str(type_), "nodes": list(nodes)[:16],
+                                "text": text[:500]})
+        del self.suppressed[:-max(1, keep)]
+        self.dirty = True
+
     def top_suspects(self) -> list[dict[str, Any]]:
         return sorted(self.suspects.values(), key=lambda s: (-s["score"], s["node"]))
 
@@ -199,6 +214,7 @@ class OpenIncident:
                 "updated_ts": self.updated_ts, "role": self.role, "status": self.status, "confidence": self.confidence,
                 "suspects": {k: dict(v) for k, v in self.suspects.items()}, "evidence": list(self.evidence),
                 "evidence_count": self.evidence_count, "muted": list(self.muted), "actions": list(self.actions),
+                "suppressed": list(self.suppressed), "suppressed_counts": dict(self.suppressed_counts),
                 "decided": sorted(self.decided), "summary": self.summary, "state": self.state.to_dict(),
                 "bursts": [{"key": list(b.key), "first_ts": b.first_ts, "last_ts": b.last_ts, "count": b.count,
                             "sources": dict(b.sources), "alerts": list(b.alerts)} for b in self.bursts]}
@@ -212,6 +228,7 @@ class OpenIncident:
                    confidence=float(d.get("confidence", 0.0)), suspects={k: dict(v) for k, v in (d.get("suspects") or {}).items()},
                    evidence=list(d.get("evidence") or []), evidence_count=int(d.get("evidence_count", 0)),
                    muted=list(d.get("muted") or []), actions=list(d.get("actions") or []),
+                   suppressed=list(d.get("suppressed") or []), suppressed_counts=dict(d.get("suppressed_counts") or {}),
                    decided=set(d.get("decided") or []), summary=d.get("summary", ""),
                    bursts=bursts, state=IncidentState.from_dict(d.get("state") or {}))
 
@@ -230,7 +247,7 @@ class OpenIncident:
             category=self.category, kind=self.kind, title=KIND_TITLE.get(self.kind, self.kind) + where,
             severity="critical" if self.role in ("cause", "alert") else "warning", confidence=round(self.confidence, 4),
             suspects=suspects, evidence=list(self.evidence), muted=list(self.muted), actions=list(self.actions),
-            summary=self.summary or f"{self.evidence_count} signal(s)",
+            suppressed=list(self.suppressed), suppressed_counts=dict(self.suppressed_counts), summary=self.summary or f"{self.evidence_count} signal(s)",
         )
 
 
@@ -371,8 +388,8 @@ class IncidentBook:
         self.bursts.close_idle(now)
         closed = []
         for inc in self.open_incidents():
-            if inc.state.pending or now - inc.updated_ts <= self.join_gap(inc.kind):
-                continue
+            if inc.state.pending or inc.state.refused or now - inc.updated_ts <= self.join_gap(inc.kind):
+                continue  # a refused remedy stays open with its reason: a person decides
             if not inc.actions and inc.kind == "ib_link":
                 inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"
             inc.status = "mitigated" if inc.actions else "resolved"

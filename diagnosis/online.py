@@ -39,6 +39,7 @@ from typing import Any
 
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
+from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.state import (
@@ -98,8 +99,11 @@ class DiagnosisService:
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
                  from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
-                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0):
+                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0, guard_log: GuardLog | None = None):
         self.config = config
+        # The caps' log shared by every instance (diagnosis.guardlog): the topic diag-guard, opened by serve()
+        # unless one is given (tests).
+        self.guard_log = guard_log
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
         # The webhook posts from a thread of its own: a slow receiver never delays an action.
@@ -139,6 +143,7 @@ class DiagnosisService:
         self._categories_seen: set[str] = set()
         self.ready = threading.Event()
         self._events: queue.Queue[tuple[str, list[int]]] = queue.Queue()
+        self._owns_guard_log = False
 
     # ------------------------------------------------------------------ engines and state
 
@@ -147,8 +152,22 @@ class DiagnosisService:
         if self._factory is None:
             self._factory = EngineFactory(lambda: DiagnosisEngine(
                 self.config, detectors=[copy.deepcopy(d) for d in self.detectors], node_health=self.node_health,
-                batch=False))
+                batch=False, guard_log=self.guard_log, on_suppressed=self._on_suppressed))
         return self._factory(key)
+
+    def _on_suppressed(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.actions_suppressed.labels(reason=reason).inc()
+
+    def _open_guard_log(self) -> None:
+        """The shared guard log, before any engine is made (engines share it as a static part)."""
+        if self.guard_log is None:
+            g = self.config.guard
+            self.guard_log = KafkaGuardLog(g, self.config.bus, self.bootstrap, backup_path=g.state_path)
+            self._owns_guard_log = True
+        self._factory = None
+        for st in self.states.values():
+            st.engine.guard_log = self.guard_log
 
     def _state(self, key: str, partition: int) -> JobState:
         st = self.states.get(key)
@@ -297,6 +316,12 @@ class DiagnosisService:
         if not force and now - self._last_tick < self.tick_interval_s:
             return
         self._last_tick = now
+        if self.guard_log is not None:
+            self.guard_log.refresh()  # resets by a person, claims of the other instances
+            if self.metrics is not None:
+                book = self.guard_log.book
+                self.metrics.guard_breakers_open.labels(scope="fleet").set(int(book.fleet_breaker is not None))
+                self.metrics.guard_breakers_open.labels(scope="job").set(len(book.job_breakers))
         for st in self.states.values():
             # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
             out = st.engine.tick(self.stream_time.get(st.partition) or None)
@@ -413,6 +438,7 @@ class DiagnosisService:
         bus = self.config.bus
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
+        self._open_guard_log()
         # Every round ends in a flush, so lingering only batches sends within a round.
         producer = self._producer = Producer(bus, self.bootstrap, linger_ms=20)
         # A new group reads the input from the start and skips what is older than a short lookback:
@@ -461,6 +487,9 @@ class DiagnosisService:
         finally:
             close_quietly(consumer, jobs_reader, self._changelog)
             self._changelog = None
+            if self._owns_guard_log and isinstance(self.guard_log, KafkaGuardLog):
+                self.guard_log.close()
+                self.guard_log, self._owns_guard_log = None, False
             producer.close()
 
     def start(self) -> DiagnosisService:

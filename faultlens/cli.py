@@ -24,6 +24,7 @@ COMMANDS = {
     "diagnose": "diagnose online (from Kafka) or a batch input directory",
     "explain": "classify every line of raw logs and say what to do",
     "runner": "execute actions through an adapter (dry-run, slurm, kubernetes, command)",
+    "guard": "guard rails: breakers and eviction counts (status), a person's reset",
     "ui": "Streamlit incident explorer over the lake",
     "report": "render a root-cause report (HTML or Markdown) for a job",
     "train": "train the fault classifier on simulator suites or labelled incidents",

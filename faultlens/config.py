@@ -112,11 +112,19 @@ class GuardConfig:
 
     dry_run: bool = True
     min_confidence_evict: float = 0.9
+    # Per job, counted over the last hour of event time across decisions, distinct nodes: at most
+    # min(max_evictions_per_job_per_hour, max(1, floor(max_evicted_fraction x the job's nodes))).
     max_evictions_per_job_per_hour: int = 4
     max_evicted_fraction: float = 0.25
+    # Every job together, distinct nodes in the last hour; past it the fleet breaker trips.
+    max_evictions_fleet_per_hour: int = 16
     storm_nodes: int = 8  # this many nodes blamed within storm_window_s: fabric incident
     storm_window_s: float = 300.0
     dedup_window_s: float = 1800.0
+    # The guard log (diagnosis.guardlog) as a JSON-lines file: batch diagnosis keeps its breakers
+    # there across runs; online instances keep a copy there (the topic diag-guard is the shared one).
+    state_path: str = ""
+    suppressions_kept: int = 20  # suppressions listed on an incident (all are counted by reason)
 
 
 @dataclass(frozen=True)

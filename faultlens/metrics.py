@@ -38,6 +38,8 @@ Families (every name starts with ``faultlens_``; label names in braces):
 | incidents_open     | faultlens_incidents_open{category}       | gauge   | diagnosis |
 | actions            | faultlens_actions_total{type,status}     | counter | diagnosis (status="emitted"), runner (done, failed, dry_run, refused, duplicate) |
 | webhook_failures   | faultlens_webhook_failures_total         | counter | diagnosis (Alertmanager webhook) |
+| actions_suppressed | faultlens_actions_suppressed_total{reason} | counter | diagnosis: actions the guard suppressed or downgraded (duplicate, confidence, job_cap, fleet_cap, breaker, storm, guard_unavailable) |
+| guard_breakers_open | faultlens_guard_breakers_open{scope}    | gauge   | diagnosis: open breakers, scope fleet (0/1) or job (how many jobs) |
 
 deploy/prometheus/faultlens-alerts.yml holds alert rules over these names:
 renaming one is a contract change.
@@ -98,6 +100,12 @@ class ServiceMetrics:
                                ["type", "status"], registry=r)
         self.webhook_failures = Counter("faultlens_webhook_failures",
                                         "Incident webhook deliveries that failed after all retries.", registry=r)
+        self.actions_suppressed = Counter("faultlens_actions_suppressed",
+                                          "Actions the guard suppressed or downgraded to notify, by reason.",
+                                          ["reason"], registry=r)
+        self.guard_breakers_open = Gauge("faultlens_guard_breakers_open",
+                                         "Open guard breakers: fleet (0 or 1), job (jobs whose breaker is open).",
+                                         ["scope"], registry=r)
 
     def exposition(self) -> bytes:
         """The current metrics in the Prometheus text format (what /metrics serves)."""

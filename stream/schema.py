@@ -225,7 +225,8 @@ class Incident(_Record, frozen=True):
     """An incident opened or updated (topic ``incidents``, CloudEvents envelope).
 
     ``suspects``: [{node, gpu?, ranks?, score, reason}]; ``evidence``: [{ts, source,
-    node?, rank?, text, figures?}]; ``muted``: [{item, by_rule}].
+    node?, rank?, text, figures?}]; ``muted``: [{item, by_rule}]; ``suppressed``: [{ts, reason,
+    type, nodes, text}] with ``suppressed_counts`` {reason: n}.
     """
 
     KIND: ClassVar[str] = "incidents"
@@ -243,6 +244,9 @@ class Incident(_Record, frozen=True):
     evidence: list[dict[str, Any]] = []
     muted: list[dict[str, Any]] = []
     actions: list[str] = []
+    # what the guard did not let out as decided (diagnosis.guard): newest few, and counts by reason
+    suppressed: list[dict[str, Any]] = []
+    suppressed_counts: dict[str, int] = {}
     summary: str = ""
     root_cause: str | None = None  # set by a person in the explorer (label)
     v: Int64 = SCHEMA_VERSION

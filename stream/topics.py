@@ -23,11 +23,13 @@ NAMES = (
     "deadletter",
     "diag-repartition",
     "diag-changelog",
+    "diag-guard",
 )
 # Internal topics of the online diagnosis (diagnosis.repartition, diagnosis.state): telemetry
 # re-keyed by job, and the per-job state checkpoints. Both have REPARTITION_PARTITIONS
 # partitions: a job's state lives in the changelog partition of its input partition.
-INTERNAL = ("diag-repartition", "diag-changelog")
+# diag-guard: the guard log (diagnosis.guardlog), one partition so every instance folds one order.
+INTERNAL = ("diag-repartition", "diag-changelog", "diag-guard")
 REPARTITION_PARTITIONS = 16
 TELEMETRY = ("gpu", "kernel", "nccl", "steps", "stacks", "jobs")
 # What the key of each kind's messages is.
@@ -45,6 +47,7 @@ KEY_FIELD = {
     "deadletter": "topic",
     "diag-repartition": "job",
     "diag-changelog": "job",
+    "diag-guard": "job",
 }
 # Partitions created for each topic by `ensure_topics` (a real cluster may differ).
 DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4,

@@ -139,8 +139,12 @@ def test_hang_with_stacks_evicts_the_demarcated_group():
 
 
 def test_hang_without_stacks_in_batch_runs_diagnostics_rather_than_guessing():
+    # No machine named: never run_diagnostics on no node (the runner refuses that, issue 24), but a
+    # job-level restart with stop-time diagnostics requested on its machines.
     _, actions = diagnose(_hang_records(False))
-    assert [(a.type, a.nodes) for a in actions] == [("run_diagnostics", [])]
+    assert [(a.type, a.nodes) for a in actions] == [("restart_job", [])]
+    assert actions[0].plan["diagnostics_requested"] is True
+    assert "stop-time diagnostics" in actions[0].reason
 
 
 def test_online_hang_asks_for_stacks_first():
@@ -186,9 +190,10 @@ def test_blast_radius_cap_and_breaker_needs_a_person():
     outputs = run_records(engine, recs)
     types = [(o.type, o.nodes) for o in outputs if type(o).__name__ == "Action"]
     assert types[0] == ("evict_nodes", ["n001"]) and types[1][0] == "notify"
-    assert engine.guard.breaker_open
-    engine.guard.reset_breaker()
-    assert not engine.guard.breaker_open
+    book = engine.guard_log.book
+    assert JOB.job in book.job_breakers
+    engine.guard_log.reset("job", job=JOB.job, by="tester", reason="checked n002")
+    assert JOB.job not in book.job_breakers and book.resets[-1]["by"] == "tester"
 
 
 def test_dry_run_is_the_default_and_configurable():
