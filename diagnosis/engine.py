@@ -54,6 +54,7 @@ from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
 from faultlens.stream.schema import (
     Action,
+    ActionStatus,
     Command,
     Finding,
     GpuSample,
@@ -143,7 +144,7 @@ class DiagnosisEngine:
         """Take one record; returns what it caused (incidents updated, actions, commands)."""
         self.counts["records"] += 1
         record = self._last_known.fill(record)
-        ts = getattr(record, "ts", None)
+        ts = getattr(record, "ts", None) if not isinstance(record, ActionStatus) else None  # the runner's clock
         if isinstance(ts, (int, float)) and ts > self.now:
             self.now = float(ts)
         try:
@@ -179,6 +180,28 @@ class DiagnosisEngine:
             job = self._job(record.job)
             if record.rank is not None:
                 job.stacks[record.rank] = record
+        elif isinstance(record, ActionStatus):
+            self._on_action_status(record)
+
+    def _on_action_status(self, status: ActionStatus) -> None:
+        """The runner refused an action (a bad name, an unsupported type, too old): its incident is
+        not mitigated by it; it stays open (or opens again) with the runner's reason."""
+        if status.status != "refused":
+            return
+        inc = next((i for i in self.book.incidents.values() if status.action_id in i.actions), None)
+        if inc is None or inc.suppressed_counts.get("runner_refused") and any(
+                s.get("action") == status.action_id for s in inc.suppressed):
+            return  # not this engine's action, or already heard
+        inc.record_suppression("runner_refused", status.detail or "refused by the runner", ts=self.now,
+                               type_="", nodes=(), keep=self.config.guard.suppressions_kept)
+        inc.suppressed[-1]["action"] = status.action_id
+        self.counts["suppressed_runner_refused"] = self.counts.get("suppressed_runner_refused", 0) + 1
+        if self.on_suppressed is not None:
+            self.on_suppressed("runner_refused")
+        inc.state.refused = f"action {status.action_id} refused by the runner ({status.adapter}): {status.detail[:300]}"
+        inc.status = "open"
+        inc.summary = f"open: {inc.state.refused}; a person decides"
+        inc.dirty = True
 
     def add_stacks(self, dumps: Iterable[StackDump]) -> int:
         """Stack dumps known up front (a batch directory's snapshot); they do not move event time."""

@@ -60,7 +60,7 @@ from faultlens.stream.consume import ConsumeLoop, close_quietly
 from faultlens.stream.decode import CONTENT_TYPE_HEADER
 
 log = logging.getLogger(__name__)
-INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks")
+INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks", "action-status")
 REPARTITION = "diag-repartition"
 
 
@@ -288,7 +288,7 @@ class DiagnosisService:
                 if self._diag_loop is not None:
                     self._diag_loop.dead_letter(m, getattr(exc, "reason", "undecodable"), str(exc))
                 continue
-            ts = getattr(record, "ts", None)
+            ts = getattr(record, "ts", None) if kind != "action-status" else None  # the runner's wall clock
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
                 self.stream_time[p] = float(ts)
             self.applied += 1

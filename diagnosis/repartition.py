@@ -41,7 +41,8 @@ from faultlens.stream.topology import Topology
 log = logging.getLogger(__name__)
 
 NODE_KEYED = ("gpu", "kernel", "nccl")
-JOB_KEYED = ("steps", "stacks")
+# action-status: the runner's verdicts, so a refused action reaches the engine of its incident
+JOB_KEYED = ("steps", "stacks", "action-status")
 UNJOBBED_PREFIX = "~node/"
 PASS_HEADERS = (CONTENT_TYPE_HEADER,)
 

@@ -199,3 +199,32 @@ def test_every_holder_of_the_log_folds_the_same_verdicts() -> None:
         b.apply(e)
     assert a.verdicts == b.verdicts
     assert [a.verdicts[f"c{k}"].granted for k in range(8)] == [True, True, True, False, False, True, True, True]
+
+
+def test_an_action_the_runner_refused_keeps_its_incident_open() -> None:
+    """The runner's `refused` on action-status (a bad node name, an unsupported type) is no mitigation."""
+    from faultlens.stream.schema import ActionStatus
+
+    job = _job("r", 8)
+    engine = _engine(jobs=[job])
+    actions, _ = _run(engine, [_xid(job.nodes[1], T0)])
+    (evict,) = actions
+    engine.tick(T0 + 10_000, final=True)
+    assert engine.book.incidents[evict.incident_id].status == "mitigated"
+    # the runner's answer comes later, stamped with the runner's own clock (which must not move event time)
+    now = engine.now
+    engine.observe(ActionStatus(ts=T0 + 9e6, action_id=evict.id, job="r", adapter="slurm", status="refused",
+                                detail="node name 'r-n02;' is not a valid host name"))
+    engine.observe(ActionStatus(ts=T0 + 9e6, action_id=evict.id, job="r", adapter="slurm", status="refused",
+                                detail="again"))  # re-delivered: counted once
+    assert engine.now == now
+    engine.tick(T0 + 20_000, final=True)
+    inc = engine.book.incidents[evict.incident_id]
+    assert inc.status == "open" and "refused by the runner" in inc.summary
+    assert inc.suppressed_counts == {"runner_refused": 1}
+    # a status that is not a refusal changes nothing
+    other = _engine(jobs=[job])
+    actions, _ = _run(other, [_xid(job.nodes[1], T0)])
+    other.observe(ActionStatus(ts=T0, action_id=actions[0].id, job="r", adapter="slurm", status="done"))
+    other.tick(T0 + 10_000, final=True)
+    assert other.book.incidents[actions[0].incident_id].status == "mitigated"

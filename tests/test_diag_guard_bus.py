@@ -74,3 +74,44 @@ def test_an_empty_topic_gets_the_open_breakers_back_from_the_backup(bus, tmp_pat
             other.close()
     finally:
         log.close()
+
+
+def test_online_diagnosis_hears_the_runner_refuse(bus) -> None:
+    """An action the runner answers `refused` on action-status: its incident goes out open, with the reason."""
+    import time
+
+    from faultlens.config import Config, DiagnosisConfig
+    from faultlens.diagnosis.online import DiagnosisService
+    from faultlens.stream import schema
+    from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.schema import ActionStatus, JobTopology, KernelEvent
+    from faultlens.stream.topology import Topology
+
+    topo = Topology.packed(tp=8, pp=1, dp=4, gpus_per_node=8, job="jr", node_fmt="jr-n{:02d}")
+    ensure_topics(bus)
+    with Producer(bus) as p:
+        p.send(JobTopology(ts=T0 - 10, job="jr", **{k: v for k, v in topo.to_job_dict().items() if k != "job"}))
+        p.send(KernelEvent(ts=T0, node="jr-n02", kind="xid", xid=79, gpu=3,
+                           raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."))
+        p.flush(10)
+    service = DiagnosisService(Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{bus.topic_prefix}-d")),
+                               from_beginning=True, tick_interval_s=0.2).start()
+    try:
+        with Consumer(bus, ["actions", "incidents"], group_id=None) as c:
+            deadline, action, refused = time.monotonic() + 60, None, None
+            while time.monotonic() < deadline and refused is None:
+                for m in c.poll(200):
+                    rec = schema.decode(m.kind, m.value)
+                    if m.kind == "actions" and action is None:
+                        action = rec
+                        with Producer(bus) as p:
+                            p.send(ActionStatus(ts=time.time(), action_id=rec.id, job="jr", adapter="slurm",
+                                                status="refused", detail="scontrol: not a Slurm job id"))
+                            p.flush(10)
+                    elif m.kind == "incidents" and rec.suppressed_counts.get("runner_refused"):
+                        refused = rec
+    finally:
+        service.stop(timeout_s=20)
+    assert action is not None and action.type == "evict_nodes"
+    assert refused is not None and refused.id == action.incident_id
+    assert refused.status == "open" and "not a Slurm job id" in refused.summary
