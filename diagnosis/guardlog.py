@@ -340,6 +340,8 @@ class KafkaGuardLog:
 
         self.book = GuardBook(config)
         self.claim_timeout_s = claim_timeout_s
+        self._bus, self._bootstrap = bus, bootstrap
+        self.recoveries = 0
         self.name = topics.topic(GUARD_TOPIC, bus.topic_prefix)
         self._tp = TopicPartition(self.name, 0)
         self._backup = LocalGuardLog(config, backup_path) if backup_path else None
@@ -392,16 +394,44 @@ class KafkaGuardLog:
         if self._backup is not None and event.get("eid") not in self._backup.book._seen:
             self._backup._append(event)
 
-    def _send(self, event: dict[str, Any]) -> bool:
+    def _produce(self, event: dict[str, Any]) -> None:
+        self._producer.send_raw(GUARD_TOPIC, str(event.get("job") or event.get("scope") or "fleet"),
+                                orjson.dumps(event), partition=0)
+        self._producer.flush(self.claim_timeout_s)
+
+    def _send(self, event: dict[str, Any], *, retry: bool = True) -> bool:
         """Produce ``event`` and read the topic up to it; False when it did not come back in time."""
         try:
-            self._producer.send_raw(GUARD_TOPIC, str(event.get("job") or event.get("scope") or "fleet"),
-                                    orjson.dumps(event), partition=0)
-            self._producer.flush(self.claim_timeout_s)
+            self._produce(event)
+            if self._read_until(lambda: event["eid"] in self.book._seen, self.claim_timeout_s):
+                return True
         except BusError as exc:
             log.error("guard log %s: cannot write: %s", self.name, exc)
+        return retry and self._recover() and self._send(event, retry=False)
+
+    def _recover(self) -> bool:
+        """The broker lost the topic (a memory-only broker restarted): make it again, read the new log
+        from its start, and write the breakers this instance knows to be open back to it."""
+        from kafka.errors import KafkaError
+
+        from faultlens.stream.bus import ensure_topics
+
+        try:
+            ensure_topics(self._bus, self._bootstrap, names=(GUARD_TOPIC,))
+            end = self._consumer.end_offsets([self._tp])[self._tp]
+            if end >= self._consumer.position(self._tp):
+                return True  # the same log, slow to answer: one more try
+            log.warning("guard log %s is shorter than what was read (%d): the broker lost it; re-opening %d "
+                        "breaker(s) on the new log", self.name, end, len(self.book.open_breakers()))
+            self.recoveries += 1
+            self._consumer.seek_to_beginning(self._tp)
+            self._read_until(lambda: self._consumer.position(self._tp) >= end, self.claim_timeout_s)
+            for trip in self.book.open_breakers():
+                self._produce(trip)
+        except (KafkaError, BusError) as exc:
+            log.error("guard log %s: cannot recover: %s", self.name, exc)
             return False
-        return self._read_until(lambda: event["eid"] in self.book._seen, self.claim_timeout_s)
+        return True
 
     def refresh(self) -> None:
         """Fold what other instances and ``faultlens guard reset`` wrote (no wait)."""

@@ -115,3 +115,35 @@ def test_online_diagnosis_hears_the_runner_refuse(bus) -> None:
     assert action is not None and action.type == "evict_nodes"
     assert refused is not None and refused.id == action.incident_id
     assert refused.status == "open" and "not a Slurm job id" in refused.summary
+
+
+def test_a_broker_that_lost_the_guard_log_gets_the_open_breaker_back() -> None:
+    """Tansu is memory only: after a restart the topic is empty; the instance's breaker must not vanish."""
+    import time
+
+    from faultlens.config import BusConfig
+    from faultlens.stream.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker().start()
+    bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="guardloss", linger_ms=0)
+    cfg = GuardConfig(max_evictions_fleet_per_hour=1, storm_nodes=10_000)
+    try:
+        log = KafkaGuardLog(cfg, bus, claim_timeout_s=5.0)
+        try:
+            assert log.claim("c1", job="j", nodes=["n1"], ts=T0, job_nodes=8).granted
+            assert not log.claim("c2", job="k", nodes=["n2"], ts=T0 + 1, job_nodes=8).granted
+            broker.kill()
+            time.sleep(0.5)
+            broker.start()  # same port, empty
+            verdict = log.claim("c3", job="m", nodes=["n3"], ts=T0 + 2, job_nodes=8)
+            assert (verdict.granted, verdict.reason) == (False, "breaker")
+            assert log.recoveries == 1
+            fresh = KafkaGuardLog(cfg, bus)  # an instance started after the loss reads the breaker
+            try:
+                assert fresh.book.fleet_breaker is not None
+            finally:
+                fresh.close()
+        finally:
+            log.close()
+    finally:
+        broker.stop()
