@@ -70,7 +70,8 @@ def test_the_guards_confidence_floor_still_applies():
 
 
 def test_the_blast_radius_caps_evictions_from_signatures_too():
-    capped = dataclasses.replace(Config(), guard=GuardConfig(max_evictions_per_job_per_hour=2))
+    # 2 of the job's 4 nodes an hour (the share allows 2 too; at 25% it would be one, counted across decisions)
+    capped = dataclasses.replace(Config(), guard=GuardConfig(max_evictions_per_job_per_hour=2, max_evicted_fraction=0.5))
     engine = DiagnosisEngine(capped, batch=True)
     actions = []
     for node in NODES:  # the same read-only remount on every node of the job
