@@ -188,11 +188,12 @@ class DiagnosisEngine:
         if d.rank is None:
             return False
         job = self._job(d.job)
-        summary = flightrec.from_text(d.text) if d.text.startswith(flightrec.MARKER) else None
-        if summary is not None:
-            job.flight[d.rank] = summary
-        else:
-            job.stacks[d.rank] = d
+        if d.text.startswith(flightrec.MARKER):
+            summary = flightrec.from_text(d.text)
+            if summary is not None:
+                job.flight[d.rank] = summary
+            return True  # a Flight Recorder record (a failed read carries its error): never the rank's stack
+        job.stacks[d.rank] = d
         return True
 
     def set_topology(self, job: JobTopology | dict[str, Any]) -> Topology:

@@ -210,8 +210,15 @@ class RootRanking:
     roots: list[str]  # the machines singled out (empty: the evidence does not single any out)
     why_not: str = ""  # why nothing was singled out
 
+    root_min: float = 0.6
+
     def best(self, n: int) -> list[str]:
-        return [s.node for s in self.suspects[:n] if s.score > 0]
+        """Up to ``n`` best-ranked machines: those with a root's evidence, else those tied at the top score."""
+        strong = [s.node for s in self.suspects if s.score >= self.root_min]
+        if strong:
+            return strong[:n]
+        top = self.suspects[0].score if self.suspects else 0.0
+        return [s.node for s in self.suspects if top > 0 and s.score >= top - 1e-9][:n]
 
 
 def _groups_of(topo: Topology, rank: int) -> set[int]:
@@ -333,7 +340,7 @@ def rank_roots(states: Mapping[int, RankState], topo: Topology, *, majority: Ite
         s.ranks.sort()
     ranked = sorted(by_node.values(), key=lambda s: (-s.score, s.node))
     roots, why_not = single_out(ranked, cat, allowed)
-    return RootRanking(dict(states), scores, reasons, ranked, roots, why_not)
+    return RootRanking(dict(states), scores, reasons, ranked, roots, why_not, w["root_min"])
 
 
 def single_out(ranked: list[RootSuspect], catalog: FrameCatalog, allowed: int) -> tuple[list[str], str]:

@@ -86,6 +86,16 @@ def _ranks(value: Any) -> list[int]:
     return []
 
 
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
 def _pg_key(entry: Mapping[str, Any]) -> str:
     pg = entry.get("process_group")
     if isinstance(pg, (list, tuple)) and pg:
@@ -98,8 +108,7 @@ def _pg_key(entry: Mapping[str, Any]) -> str:
 def summarise(dump: Mapping[str, Any], rank: int | None) -> dict[str, Any]:
     """The summary diagnosis needs: {rank, version, pgs: {pg: {ranks, desc, collectives: [[seq, state, op]]}}}."""
     if rank is None:
-        r = dump.get("rank")
-        rank = int(r) if isinstance(r, (int, float)) or (isinstance(r, str) and r.isdigit()) else None
+        rank = _int(dump.get("rank"))
     pgs: dict[str, dict[str, Any]] = {}
     config = dump.get("pg_config") or {}
     if isinstance(config, Mapping):
@@ -114,14 +123,14 @@ def summarise(dump: Mapping[str, Any], rank: int | None) -> dict[str, Any]:
         if not isinstance(e, Mapping):
             continue
         name = str(e.get("profiling_name", ""))
-        if e.get("is_p2p") or P2P_NAME_RE.search(name):
+        if e.get("is_p2p") in (True, "true", "True") or P2P_NAME_RE.search(name):
             continue  # p2p ops have their own sequence, per pair: the collective wavefront is read here
-        seq = e.get("collective_seq_id", e.get("seq_id"))
-        if not isinstance(seq, (int, float)):
+        seq = _int(e.get("collective_seq_id", e.get("seq_id")))  # an int, or its string (PyTorch's own tests)
+        if seq is None:
             continue
         state = str(e.get("state", ""))
         pg = pgs.setdefault(_pg_key(e), {"ranks": [], "desc": "", "collectives": []})
-        pg["collectives"].append([int(seq), state if state in STATES else "unknown", name[:60]])
+        pg["collectives"].append([seq, state if state in STATES else "unknown", name[:60]])
     for pg in pgs.values():
         pg["collectives"].sort()
     return {"rank": rank, "version": str(dump.get("version", "")), "pgs": pgs}

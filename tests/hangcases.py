@@ -163,6 +163,8 @@ class HangCase:
     xid: str | None = None  # a kernel line on the culprit's node
     flight: str | None = None  # None | "pickle" | "json"
     fr_version: str = "2.4"
+    variants: tuple[str, ...] = ()  # "native" frames, "old_paths", training in a "train_thread", healthy "noise",
+    # the stuck rank's own dump "stuck_missing" (py-spy timed out on it)
     seed: int = 1
 
     @property
@@ -221,7 +223,26 @@ def pyspy_text(case: HangCase, rank: int, what: str, detail: Any, rng: random.Ra
     header = rng.choice(['Thread {tid} (active+gil): "MainThread"', 'Thread {tid} (idle): "MainThread"',
                          "Thread {tid} (active): \"MainThread\""]).format(tid=pid if rng.random() < 0.5 else f"0x7F{pid:08X}")
     lines = [f"Process {pid}: /usr/bin/python -u train.py --rank {rank}", "Python v3.10.12 (/usr/bin/python3.10)", "", header]
-    lines += [f"    {f}" for f in _frames(case, what, detail, prefix)]
+    frames = _frames(case, what, detail, prefix)
+    if "old_paths" in case.variants:  # Megatron before core/, torch 1.13's line numbers
+        frames = [f.replace("megatron/core/pipeline_parallel/", "megatron/").replace("megatron/training/", "megatron/")
+                  .replace(":4399)", ":1320)").replace(":2213)", ":1408)") for f in frames]
+    if "noise" in case.variants and what == "dp" and rng.random() < 0.05:  # caught in another collective
+        frames = [_f("all_gather_into_tensor", "torch/distributed/distributed_c10d.py", 2897, prefix),
+                  _f("_gather_params", "megatron/core/distributed/param_and_grad_buffer.py", 120, prefix)] + frames[3:]
+    if "native" in case.variants:  # py-spy --native: C frames inside the Python ones
+        native = {"stuck": ["ioctl (libc.so.6)", "0x7f3a2c1d4e5f (libcuda.so.1)", "cuStreamSynchronize (libcuda.so.1)",
+                            "cudaStreamSynchronize (libcudart.so.12)"] if detail in ("cuda_sync", "event_sync", "item_copy")
+                  else ["__futex_abstimed_wait_common (libc.so.6)", "pthread_cond_wait (libc.so.6)"]}
+        inner = native.get(what, ["__futex_abstimed_wait_common (libc.so.6)", "pthread_cond_timedwait (libc.so.6)",
+                                  "c10d::ProcessGroupNCCL::WorkNCCL::synchronizeInternal (libtorch_cuda.so)",
+                                  "c10d::ProcessGroupNCCL::WorkNCCL::wait (libtorch_cuda.so)"])
+        frames = inner + frames
+    if "train_thread" in case.variants:  # the launcher's MainThread waits; training runs in a thread of its own
+        lines[3] = 'Thread 0x7F0000000001 (idle): "MainThread"'
+        lines += ["    wait (threading.py:1116)", "    join (threading.py:1096)", "    main (/workspace/launch.py:40)",
+                  'Thread 0x7F0000000002 (active): "train-loop"']
+    lines += [f"    {f}" for f in frames]
     lines += ['Thread 0x7F5D11FFF640 (idle): "Thread-2 (_pin_memory_loop)"', "    select (selectors.py:416)",
               "    wait (multiprocessing/connection.py:931)", "    _pin_memory_loop (torch/utils/data/_utils/pin_memory.py:54)"]
     if rng.random() < 0.5:
@@ -367,6 +388,8 @@ def write_case(case: HangCase, d: Path) -> Path:
         for r in range(world):
             if r in silent or (r not in states and rng.random() < case.drop_stacks):
                 continue
+            if r in case.stuck and "stuck_missing" in case.variants:
+                continue
             what, detail = states.get(r, ("dp", None))
             p = d / "stacks" / f"{r}.txt"
             p.write_text(pyspy_text(case, r, what, detail, rng))
@@ -440,4 +463,15 @@ def cases() -> list[HangCase]:
     add("fr-and-stacks-pipeline", 8, 8, 4, 2, stuck={17: "cuda_sync"}, flight="pickle", fr_version="2.4")
     add("fr-and-stacks-silent-node", 8, 8, 1, 8, silent_node="node-06", flight="pickle")
     add("xid79-and-stacks", 4, 8, 1, 4, stuck={19: "cuda_sync"}, xid=XID79)
+    # the same faults as a different fleet prints them
+    add("native-frames-cuda", 8, 8, 1, 8, stuck={29: "cuda_sync"}, variants=("native",))
+    add("native-frames-dataloader-pp", 8, 8, 2, 4, stuck={40: "dataloader"}, variants=("native",))
+    add("old-megatron-paths-pp4", 8, 8, 4, 2, stuck={48: "cuda_sync"}, variants=("old_paths",))
+    add("train-thread-ddp", 8, 1, 1, 64, framework="ddp", stuck={33: "shard_read"}, variants=("train_thread",))
+    add("healthy-noise-tp8-dp16", 16, 8, 1, 16, stuck={90: "ckpt_save"}, variants=("noise",))
+    add("stuck-rank-dump-missing", 8, 8, 1, 8, stuck={37: "cuda_sync"}, variants=("stuck_missing",), gpu_evidence=False)
+    add("stuck-rank-dump-missing-pp", 8, 4, 4, 4, stuck={9: "dataset_read"}, variants=("stuck_missing",))
+    add("three-stuck-three-nodes", 16, 8, 1, 16, stuck={10: "cuda_sync", 50: "cuda_sync", 90: "cuda_sync"})
+    add("native-old-train-thread-ds", 16, 8, 8, 2, framework="deepspeed", stuck={56: "item_copy"},
+        variants=("native", "old_paths", "train_thread"))
     return c
