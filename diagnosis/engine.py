@@ -608,6 +608,12 @@ def _never_left_hung(decision: Decision, ranking: hangroot.RootRanking | None, i
                         f"machines, over the blast radius ({allowed}); restart with stop-time diagnostics on the "
                         f"best-ranked {', '.join(named)}{why_not}", 0.6, decision.plan)
     if decision.type == "notify":
+        cats = Counter(s.category for s in ranking.states.values()) if ranking is not None else Counter()
+        common = cats.most_common(1)[0] if cats else ("", 0)
+        if common[0] in ("input", "storage") and common[1] >= 0.5 * sum(cats.values()):
+            # every rank waits on data or storage together: the shared input/storage, not a machine or a restart
+            return Decision("notify", (), f"hang with every rank waiting on {common[0]} ({common[1]} of "
+                            f"{sum(cats.values())} ranks): a job-wide {common[0]} stall, no machine to blame", 0.5)
         return Decision("run_diagnostics", best, f"hang with no machine singled out{why_not}: restart with stop-time "
                         f"diagnostics{' on ' + ', '.join(best) if best else ''}", 0.5)
     if decision.type == "run_diagnostics" and not decision.nodes and best:

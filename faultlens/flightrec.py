@@ -40,6 +40,7 @@ MAX_BYTES = 64 * 1024 * 1024
 RANK_IN_NAME_RE = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 P2P_NAME_RE = re.compile(r"\b(send|recv|isend|irecv|_coalesced_p2p)\b", re.IGNORECASE)
 STATES = ("scheduled", "started", "completed")
+KEEP_COLLECTIVES = 16  # per process group: the wavefront needs the last few, not the whole ring buffer
 
 
 class FlightRecorderError(ValueError):
@@ -132,7 +133,7 @@ def summarise(dump: Mapping[str, Any], rank: int | None) -> dict[str, Any]:
         pg = pgs.setdefault(_pg_key(e), {"ranks": [], "desc": "", "collectives": []})
         pg["collectives"].append([seq, state if state in STATES else "unknown", name[:60]])
     for pg in pgs.values():
-        pg["collectives"].sort()
+        pg["collectives"] = sorted(pg["collectives"])[-KEEP_COLLECTIVES:]
     return {"rank": rank, "version": str(dump.get("version", "")), "pgs": pgs}
 
 
@@ -167,19 +168,19 @@ def wavefront(summaries: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]
     it) is missing there. Only a minority can be missing: when most ranks are behind, the
     ones ahead are the odd ones, and that is not read as a culprit.
     """
-    groups: dict[str, dict[int, tuple[int, str, str]]] = {}
-    members: dict[str, set[int]] = {}
+    # a group is its name and its ranks: names alone may repeat across groups in older versions
+    groups: dict[tuple[str, tuple[int, ...]], dict[int, tuple[int, str, str]]] = {}
     for rank, summ in summaries.items():
-        for name, pg in (summ.get("pgs") or {}).items():
-            members.setdefault(name, set()).update(pg.get("ranks") or [])
+        for pg_name, pg in (summ.get("pgs") or {}).items():
+            key = (str(pg_name), tuple(sorted(pg.get("ranks") or [])))
             colls = pg.get("collectives") or []
             if colls:
                 seq, state, op = colls[-1]
-                groups.setdefault(name, {})[rank] = (int(seq), str(state), str(op))
+                groups.setdefault(key, {})[rank] = (int(seq), str(state), str(op))
             elif pg.get("ranks"):
-                groups.setdefault(name, {})[rank] = (-1, "none", "")
+                groups.setdefault(key, {})[rank] = (-1, "none", "")
     out: dict[int, list[str]] = {}
-    for name, last in sorted(groups.items()):
+    for (name, _), last in sorted(groups.items()):
         if len(last) < 2:
             continue
         front = max(seq for seq, _, _ in last.values())

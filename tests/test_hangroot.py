@@ -225,3 +225,24 @@ def test_identical_stacks_and_no_other_evidence_restart_with_diagnostics_not_not
                     gpu_evidence=False)
     _, actions = _diagnose(case, tmp_path)
     assert [a.type for a in actions if a.type != "notify"] == ["run_diagnostics"]
+
+
+def test_every_rank_waiting_on_input_is_a_job_wide_stall_notified_not_a_restart(tmp_path):
+    case = HangCase(name="input-stall", nodes=4, tp=1, pp=1, dp=32, framework="ddp",
+                    stuck={r: "dataloader" for r in range(32)}, gpu_evidence=False)
+    incidents, actions = _diagnose(case, tmp_path)
+    hang = next(i for i in incidents if i.kind == "hang")
+    assert [a.type for a in actions] == ["notify"] and "job-wide input stall" in actions[0].reason, hang.summary
+
+
+def test_a_subprocess_dump_file_joins_its_ranks_dump(tmp_path):
+    case = HangCase(name="child-file", nodes=4, tp=8, pp=1, dp=4, stuck={13: "dataloader"})
+    d = write_case(case, tmp_path / "d")
+    (d / "stacks" / "13.worker-0.txt").write_text(
+        'Thread 77 (idle): "MainThread"\n    readinto (/workspace/data/shard_reader.py:77)\n'
+        "    __getitem__ (/workspace/data/jsonl_dataset.py:30)\n")
+    data = read_batch_dir(d)
+    dump = next(s for s in data.stacks if s.rank == 13)
+    assert not data.errors and "Process 0: 13.worker-0.txt" in dump.text
+    st = hangroot.rank_state(13, dump.text, CAT)
+    assert st.category == "input" and "readinto" in st.children[0]
