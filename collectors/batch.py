@@ -1,7 +1,9 @@
 """Read DESIGN.md's batch input directory into time-ordered records, with the collectors' parsers.
 
 ``read_batch_dir(path)`` parses job.json, nodes/<node>/gpu.jsonl, steps/*.jsonl,
-nodes/<node>/kernel.log, nodes/<node>/nccl/*.log and stacks/<rank>.txt. A bad
+nodes/<node>/kernel.log, nodes/<node>/nccl/*.log, stacks/<rank>.txt (and
+stacks/<rank>.<child>.txt, a subprocess of that rank) and flight_recorder/* (PyTorch
+NCCL Flight Recorder dumps, as summaries: faultlens.flightrec). A bad
 line is counted and kept in ``errors`` as ``file:line: reason``, never silently
 dropped; good lines still load. JSON lines go through orjson and the schema's
 validation (its shape-table fast path); text logs through KernelParser and
@@ -70,6 +72,7 @@ from typing import Any
 
 import orjson
 
+from faultlens import flightrec
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.unparsed import (
@@ -354,18 +357,50 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
 
     sd = root / "stacks"
     placement = job.ranks if job and isinstance(job.ranks, dict) else {}
-    for f in sorted(p for p in _listdir(sd, bad) if p.name.endswith(".txt") and _readable(p, bad)):
-        rank = to_int(f.stem)
+
+    def node_of(rank: int | None) -> str:
+        where = placement.get(str(rank), {}) if rank is not None else {}
+        return str(where.get("node", "")) if isinstance(where, dict) else ""
+
+    # <rank>.txt is the rank's process; <rank>.<anything>.txt a subprocess of it (a dataloader worker,
+    # a checkpoint writer), appended to the rank's dump as py-spy --subprocesses prints them.
+    by_rank: dict[int | None, list[tuple[float, str]]] = {}
+    for f in sorted((p for p in _listdir(sd, bad) if p.name.endswith(".txt") and _readable(p, bad)),
+                    key=lambda p: (p.name.count("."), p.name)):
+        rank = to_int(f.name.split(".", 1)[0])
         if rank is None:
             bad(f, None, "file name is not a rank number")
-        where = placement.get(str(rank), {}) if rank is not None else {}
-        node = str(where.get("node", "")) if isinstance(where, dict) else ""
         lines = _text_lines(f, bad)
         if not lines and f.stat().st_size:
             continue  # binary or unreadable: reported
         text = "\n".join(clip(ln, MAX_LINE_BYTES) for ln in lines)
-        out.stacks.append(StackDump(ts=f.stat().st_mtime, job=job_id or "", node=node, rank=rank, pid=None, text=text))
+        if f.name.count(".") > 1 and not text.lstrip().startswith("Process "):
+            text = f"Process 0: {f.name}\n" + text
+        by_rank.setdefault(rank, []).append((f.stat().st_mtime, text))
+    for rank, parts in by_rank.items():
+        out.stacks.append(StackDump(ts=parts[0][0], job=job_id or "", node=node_of(rank), rank=rank, pid=None,
+                                    text="\n".join(t for _, t in parts)))
+    out.stacks.extend(_flight_recorder(root / "flight_recorder", job_id or "", node_of, bad))
     out.stacks.sort(key=_ts)
+    return out
+
+
+def _flight_recorder(d: Path, job_id: str, node_of: Callable[[int | None], str], bad: _Bad) -> list[StackDump]:
+    """DIR/flight_recorder/*: each readable dump as a StackDump carrying its summary (faultlens.flightrec)."""
+    out = []
+    for f in sorted(p for p in _listdir(d, bad) if _readable(p, bad)):
+        try:
+            data = f.read_bytes()
+            summary = flightrec.summarise(flightrec.loads(data), flightrec.rank_from_name(f.name))
+        except (OSError, flightrec.FlightRecorderError) as exc:
+            bad(f, None, f"not a usable Flight Recorder dump: {exc}")
+            continue
+        rank = summary.get("rank")
+        if not isinstance(rank, int):
+            bad(f, None, "Flight Recorder dump without a rank (none in the file name or the dump)")
+            continue
+        out.append(StackDump(ts=f.stat().st_mtime, job=job_id, node=node_of(rank), rank=rank, pid=None,
+                             text=flightrec.summary_text(summary)))
     return out
 
 

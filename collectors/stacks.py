@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
 from faultlens.stream.schema import StackDump
 
@@ -90,12 +91,18 @@ def training_processes(job: str | None = None, table: dict[int, Proc] | None = N
 
 
 def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: float = 20.0,
-               request_id: str | None = None, pyspy: str | None = None) -> StackDump:
-    """``py-spy dump --pid`` of one process; failures become ``StackDump.error``."""
+               request_id: str | None = None, pyspy: str | None = None, subprocesses: bool = True) -> StackDump:
+    """``py-spy dump --pid`` of one process; failures become ``StackDump.error``.
+
+    With ``subprocesses`` (``--subprocesses``) its children follow it in the text, each under its own
+    ``Process PID: CMD`` line: a dataloader worker stuck in a read or a checkpoint writer stuck in
+    fsync is where a hang's rank really waits (diagnosis.hangroot reads them).
+    """
     exe = pyspy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     ts = time.time()
+    argv = [exe, "dump", "--pid", str(pid)] + (["--subprocesses"] if subprocesses else [])
     try:
-        res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return StackDump(ts, job, node, rank, pid, "", request_id, f"timeout: py-spy did not finish in {timeout_s:g} s")
     except FileNotFoundError:
@@ -116,9 +123,12 @@ def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: fl
 
 
 def dump_job(job: str, node: str, *, timeout_s: float = 20.0, request_id: str | None = None) -> list[StackDump]:
-    """Stack dumps of every training process of ``job`` on this node."""
-    return [dump_stack(p.pid, job=job, node=node, rank=p.rank, timeout_s=timeout_s, request_id=request_id)
-            for p in training_processes(job)]
+    """Stack dumps of every training process of ``job`` on this node, and the Flight Recorder dumps
+    their NCCL watchdogs left (collectors.flight_recorder)."""
+    procs = training_processes(job)
+    dumps = [dump_stack(p.pid, job=job, node=node, rank=p.rank, timeout_s=timeout_s, request_id=request_id)
+             for p in procs]
+    return dumps + flight_recorder.for_processes(job, node, [(p.pid, p.rank) for p in procs], request_id=request_id)
 
 
 class StacksSource:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlens import flightrec
 from faultlens.config import Config
+from faultlens.diagnosis import hangroot
 from faultlens.diagnosis.detectors import (
     Detector,
     default_detectors,
@@ -85,6 +88,9 @@ class JobState:
     progress: JobProgress = field(default_factory=JobProgress)
     nan: NanWatch = field(default_factory=NanWatch)
     stacks: dict[int, StackDump] = field(default_factory=dict)
+    flight: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> Flight Recorder summary (flightrec)
+    gpu_after: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (node, gpu) -> [n, util, power]
+    gpu_epoch: float | None = None  # the last step time gpu_after counts from
     notes: list[Signal] = field(default_factory=list)  # notes waiting for an incident (diagnosis.notes)
 
     @property
@@ -170,6 +176,7 @@ class DiagnosisEngine:
             job = self._jobs.get(self._node_job.get(record.node, ""))
             if job is not None:
                 job.progress.observe_gpu(record)
+                _gpu_since_last_step(job, record)
         elif isinstance(record, KernelEvent):
             self._on_line(record, self.job_of_node(record.node))
         elif isinstance(record, NcclEvent):
@@ -177,9 +184,7 @@ class DiagnosisEngine:
         elif isinstance(record, StepTiming):
             self._on_step(record)
         elif isinstance(record, StackDump):
-            job = self._job(record.job)
-            if record.rank is not None:
-                job.stacks[record.rank] = record
+            self._keep_dump(record)
         elif isinstance(record, ActionStatus):
             self._on_action_status(record)
 
@@ -205,12 +210,20 @@ class DiagnosisEngine:
 
     def add_stacks(self, dumps: Iterable[StackDump]) -> int:
         """Stack dumps known up front (a batch directory's snapshot); they do not move event time."""
-        n = 0
-        for d in dumps:
-            if d.rank is not None:
-                self._job(d.job).stacks[d.rank] = d
-                n += 1
-        return n
+        return sum(self._keep_dump(d) for d in dumps)
+
+    def _keep_dump(self, d: StackDump) -> bool:
+        """A rank's py-spy dump, or its Flight Recorder summary (the same topic carries both)."""
+        if d.rank is None:
+            return False
+        job = self._job(d.job)
+        if d.text.startswith(flightrec.MARKER):
+            summary = flightrec.from_text(d.text)
+            if summary is not None:
+                job.flight[d.rank] = summary
+            return True  # a Flight Recorder record (a failed read carries its error): never the rank's stack
+        job.stacks[d.rank] = d
+        return True
 
     def set_topology(self, job: JobTopology | dict[str, Any]) -> Topology:
         topo = Topology.from_job(job)
@@ -409,19 +422,77 @@ class DiagnosisEngine:
                                          f"no answer from {verdict.missing[:32]}",
                                  "figures": {"groups": [[fp.split(chr(10), 1)[0], len(r)] for fp, r in verdict.groups[:8]],
                                              "outliers": verdict.outliers[:256]}})
-            for r in verdict.outliers[:64]:
-                node = job.topology.placement.get(r, (None, None))[0]
-                if node:
-                    inc.suspect(node, 0.9 if verdict.demarcation else 0.5, verdict.reasons.get(r, "outlier stack"), rank=r)
         st.pending = None
         g = self.config.guard
         job_nodes = max(1, len(job.nodes))
         allowed = min(g.max_evictions_per_job_per_hour, max(1, math.floor(g.max_evicted_fraction * job_nodes)))
+        ranking = self._rank_hang(inc, job, dumps, verdict, now, allowed) if job.topology is not None else None
         lagging = tuple(s["node"] for s in inc.top_suspects() if any("stopped before" in x for x in s["reasons"]))
-        decision = self.policy.decide_hang(inc, verdict, stacks_expected=self.mode.stacks_expected, max_nodes=allowed,
-                                           lagging_nodes=lagging if len(lagging) <= allowed else ())
+        if ranking is not None and ranking.roots:
+            decision = _evict_roots(ranking, verdict)
+        else:
+            decision = self.policy.decide_hang(inc, verdict, stacks_expected=self.mode.stacks_expected,
+                                               max_nodes=allowed, lagging_nodes=lagging if len(lagging) <= allowed else ())
+            decision = _never_left_hung(decision, ranking, inc, allowed)
         inc.confidence = max(inc.confidence, decision.confidence)
-        self._act(inc, decision)
+        if decision.nodes:
+            inc.summary = decision.reason
+        taken = self._act(inc, decision)
+        if taken is not None and taken.type == "notify" and decision.type == "evict_nodes":
+            # the guard rails refused the eviction: the job must not stay hung on a notification alone
+            named = tuple(ranking.best(allowed)) if ranking is not None and ranking.best(allowed) else decision.nodes[:allowed]
+            self._act(inc, Decision("run_diagnostics", named, f"hang: eviction refused by the guard rails; restart with "
+                                    f"stop-time diagnostics on {', '.join(named) or 'the job'}", 0.6))
+
+    def _rank_hang(self, inc: OpenIncident, job: JobState, dumps: list[StackDump], verdict: StackVerdict | None,
+                   now: float, allowed: int) -> hangroot.RootRanking | None:
+        """Score every machine as the root of the hang (diagnosis.hangroot) and file them as the suspects."""
+        topo = job.topology
+        assert topo is not None
+        catalog = hangroot.load_frames()
+        by_rank = {d.rank: d for d in dumps if d.rank is not None}
+        states: dict[int, hangroot.RankState] = {}
+        if by_rank:
+            for r in range(topo.world_size):
+                d = by_rank.get(r)
+                states[r] = hangroot.rank_state(r, d.text, catalog, error=d.error) if d is not None else \
+                    hangroot.RankState(r, "missing", frame="no stack answered")
+        majority = verdict.groups[0][1] if verdict is not None and verdict.groups else []
+        flight = flightrec.wavefront(job.flight) if job.flight else {}
+        if flight:
+            inc.evidence.append({"ts": now, "source": "flight_recorder", "rule": "flight_recorder:wavefront",
+                                 "text": "; ".join(w for whys in list(flight.values())[:4] for w in whys[:1]),
+                                 "figures": {"ranks": sorted(flight)[:64], "dumps": len(job.flight)}})
+        ev = catalog.evidence
+        means = {k: (v[1] / v[0], v[2] / v[0]) for k, v in job.gpu_after.items() if v[0] > 0}
+        gpu = hangroot.gpu_outliers(means, topo, util_gap=ev["gpu_util_gap"], power_ratio=ev["gpu_power_ratio"],
+                                    max_share=ev["gpu_max_share"]) if job.gpu_epoch is not None else {}
+        machine = self._machine_faults(job, inc, float(ev["window_s"]), set(ev["machine_fault_kinds"]))
+        if not (states or flight or gpu or machine):
+            return None
+        ranking = hangroot.rank_roots(states, topo, majority=majority, flight=flight, gpu=gpu, machine=machine,
+                                      allowed=allowed, catalog=catalog)
+        for s in ranking.suspects[:32]:
+            for i, why in enumerate(s.reasons or ["ranked"]):
+                inc.suspect(s.node, s.score, why, rank=s.ranks[i] if i < len(s.ranks) else None,
+                            gpu=s.gpus[i] if i < len(s.gpus) else None)
+        inc.evidence.append({"ts": now, "source": "stacks", "rule": "hangroot:rank",
+                             "text": ("root: " + ", ".join(ranking.roots)) if ranking.roots else
+                                     f"no single root: {ranking.why_not}",
+                             "figures": {"suspects": [[s.node, s.score] for s in ranking.suspects[:8]],
+                                         "states": dict(Counter(x.category for x in states.values()))}})
+        return ranking
+
+    def _machine_faults(self, job: JobState, inc: OpenIncident, window_s: float, kinds: set[str]) -> dict[str, str]:
+        """Explicit machine faults of the job's machines near the hang: node -> what."""
+        out: dict[str, str] = {}
+        nodes = set(job.nodes)
+        for other in self.book.incidents.values():
+            if other is inc or other.job != job.name or other.node not in nodes or other.kind not in kinds:
+                continue
+            if abs(other.opened_ts - inc.opened_ts) <= window_s:
+                out.setdefault(str(other.node), f"{other.kind} on {other.node} ({other.summary or other.id})"[:200])
+        return out
 
     # ------------------------------------------------------------------ decisions
 
@@ -463,7 +534,8 @@ class DiagnosisEngine:
         if decision is not None:
             self._act(inc, decision)
 
-    def _act(self, inc: OpenIncident, decision: Decision) -> None:
+    def _act(self, inc: OpenIncident, decision: Decision) -> Decision | None:
+        """Through the guard rails and out as an action; returns what was taken (None: suppressed)."""
         job = self._jobs.get(inc.job)
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
@@ -478,7 +550,7 @@ class DiagnosisEngine:
             if self.on_suppressed is not None:
                 self.on_suppressed(reason)
         if verdict.decision is None:
-            return
+            return None
         d = verdict.decision
         if d.type in _REMEDIES:
             inc.state.refused = None
@@ -512,9 +584,10 @@ class DiagnosisEngine:
                 if d.type == "evict_nodes":
                     self.node_health.record_eviction(node, incident_id=inc.id, job=inc.job, kind=inc.kind,
                                                      reason=d.reason[:200], ts=self.now)
+        return d
 
     def _drain(self) -> list[Output]:
-        out = [i.record() for i in self.book.dirty()]
+        out: list[Output] = [i.record() for i in self.book.dirty()]
         out.extend(self._outputs)
         self._outputs = []
         return out
@@ -531,6 +604,66 @@ class DiagnosisEngine:
 # Action types that remedy (an incident's summary is the reason of the first one taken).
 _REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
                        ActionType.RUN_DIAGNOSTICS})
+
+
+def _gpu_since_last_step(job: JobState, sample: GpuSample) -> None:
+    """Per-GPU utilisation and power since the job's last step (what hangroot compares during a hang)."""
+    last = job.progress.last_step_ts
+    if last is None or sample.ts <= last + max(5.0, 2.0 * job.progress.median_step_s()):
+        return
+    if job.gpu_epoch != last:
+        job.gpu_after, job.gpu_epoch = {}, last
+    for g in sample.gpus:
+        if g.util is None and g.power_w is None:
+            continue
+        acc = job.gpu_after.setdefault((sample.node, g.index), [0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += g.util if g.util is not None else -1.0
+        acc[2] += g.power_w or 0.0
+
+
+def _evict_roots(ranking: hangroot.RootRanking, verdict: StackVerdict | None) -> Decision:
+    """Evict the machine(s) the evidence singles out as the root of the hang."""
+    roots = ranking.roots
+    top = {s.node: s for s in ranking.suspects}
+    why = "; ".join(f"{n} (score {top[n].score:.2f}: {'; '.join(top[n].reasons[:3])})" for n in roots)
+    nxt = next((s for s in ranking.suspects if s.node not in roots), None)
+    runner_up = f"; next {nxt.node} at {nxt.score:.2f}" if nxt is not None else ""
+    return Decision("evict_nodes", tuple(roots), f"hang rooted at {', '.join(roots)}: {why}{runner_up}"[:900],
+                    0.95, plan={"roots": list(roots), "scores": {s.node: s.score for s in ranking.suspects[:8]},
+                                "root_ranks": sorted(r for n in roots for r in top[n].ranks)[:64],
+                                "outliers": verdict.outliers[:256] if verdict else [],
+                                "missing": verdict.missing[:256] if verdict else []})
+
+
+def _never_left_hung(decision: Decision, ranking: hangroot.RootRanking | None, inc: OpenIncident,
+                     allowed: int) -> Decision:
+    """The group decision, kept within the blast radius and never a bare notification."""
+    best = tuple(ranking.best(allowed)) if ranking is not None else ()
+    why_not = f" (no single root: {ranking.why_not})" if ranking is not None and ranking.why_not else ""
+    if decision.type == "evict_nodes":
+        if len(decision.nodes) <= allowed:
+            ordered = tuple(sorted(decision.nodes, key=lambda n: (-inc.suspects.get(n, {}).get("score", 0.0), n)))
+            return Decision("evict_nodes", ordered, f"hang in the {(decision.plan or {}).get('group', '')} group of "
+                            f"{ordered[0]}: {decision.reason}{why_not}", decision.confidence, decision.plan)
+        named = best or decision.nodes[:allowed]
+        return Decision("run_diagnostics", named, f"hang: the group holding every outlier is {len(decision.nodes)} "
+                        f"machines, over the blast radius ({allowed}); restart with stop-time diagnostics on the "
+                        f"best-ranked {', '.join(named)}{why_not}", 0.6, decision.plan)
+    if decision.type == "notify":
+        cats = Counter(s.category for s in ranking.states.values()) if ranking is not None else Counter()
+        common = cats.most_common(1)[0] if cats else ("", 0)
+        if common[0] in ("input", "storage") and common[1] >= 0.5 * sum(cats.values()):
+            # every rank waits on data or storage together: the shared input/storage, not a machine or a restart
+            return Decision("notify", (), f"hang with every rank waiting on {common[0]} ({common[1]} of "
+                            f"{sum(cats.values())} ranks): a job-wide {common[0]} stall, no machine to blame", 0.5)
+        return Decision("run_diagnostics", best, f"hang with no machine singled out{why_not}: restart with stop-time "
+                        f"diagnostics{' on ' + ', '.join(best) if best else ''}", 0.5)
+    if decision.type == "run_diagnostics" and not decision.nodes and best:
+        return Decision("run_diagnostics", best, f"{decision.reason}; best-ranked: {', '.join(best)}", decision.confidence)
+    return decision
+
+
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
     if record.fields.get("ts_estimated"):

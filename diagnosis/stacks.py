@@ -55,22 +55,49 @@ class Thread:
 
 
 def parse_pyspy(text: str) -> list[Thread]:
-    """Threads of one ``py-spy dump`` text (lines that are not frames or headers are ignored)."""
+    """Threads of one ``py-spy dump`` text, every process's (lines that are not frames or headers are ignored)."""
+    return [t for _, threads in parse_processes(text) for t in threads]
+
+
+def parse_processes(text: str) -> list[tuple[str, list[Thread]]]:
+    """(process header, its threads) of a ``py-spy dump`` text, in order.
+
+    ``py-spy dump --subprocesses`` prints the rank's process first, then its children
+    (dataloader workers, checkpoint writers), each under its own ``Process PID: CMD``
+    line; a dump without such a line is one process with header "".
+    """
+    out: list[tuple[str, list[Thread]]] = []
+    header = ""
     threads: list[Thread] = []
-    current: dict | None = None
+    tid = state = name = ""
+    frames: list[str] | None = None
+
+    def close_thread() -> None:
+        if frames is not None:
+            threads.append(Thread(tid, state, name, tuple(frames)))
+
     for raw in text.splitlines():
         line = raw.rstrip()
-        m = THREAD_RE.match(line.strip()) if line.lstrip().startswith("Thread ") else None
-        if m:
-            if current is not None:
-                threads.append(Thread(current["tid"], current["state"], current["name"], tuple(current["frames"])))
-            current = {"tid": m["tid"], "state": m["state"], "name": m["name"] or "", "frames": []}
+        stripped = line.strip()
+        pm = PROCESS_RE.match(stripped) if stripped.startswith("Process ") else None
+        if pm:
+            close_thread()
+            frames = None
+            if threads or header:
+                out.append((header, threads))
+            header, threads = f"{pm['pid']} ({pm['cmd'][:80]})", []
             continue
-        if current is not None and line.startswith((" ", "\t")) and FRAME_RE.match(line):
-            current["frames"].append(line.strip())
-    if current is not None:
-        threads.append(Thread(current["tid"], current["state"], current["name"], tuple(current["frames"])))
-    return threads
+        m = THREAD_RE.match(stripped) if stripped.startswith("Thread ") else None
+        if m:
+            close_thread()
+            tid, state, name, frames = m["tid"], m["state"], m["name"] or "", []
+            continue
+        if frames is not None and line.startswith((" ", "\t")) and FRAME_RE.match(line):
+            frames.append(stripped)
+    close_thread()
+    if threads or header:
+        out.append((header, threads))
+    return out
 
 
 def normalise_frame(frame: str, *, strip_line_numbers: bool = False) -> str | None:
@@ -106,7 +133,8 @@ def training_thread(threads: list[Thread]) -> Thread | None:
 
 def fingerprint(text: str, *, strip_line_numbers: bool = False) -> str | None:
     """The normalised training-thread stack of one dump; None when there is no stack in it."""
-    thread = training_thread(parse_pyspy(text))
+    processes = parse_processes(text)  # the rank's own process; its subprocesses are read by diagnosis.hangroot
+    thread = training_thread(processes[0][1]) if processes else None
     if thread is None or not thread.frames:
         return None
     frames = [normalise_frame(f, strip_line_numbers=strip_line_numbers) for f in thread.frames]
@@ -161,11 +189,12 @@ class StackAggregator:
         reasons: dict[int, str] = {}
         missing = []
         for r in expected:
-            d = by_rank.get(r)
-            fp = None if d is None or d.error else fingerprint(d.text, strip_line_numbers=self.strip_line_numbers)
+            got = by_rank.get(r)
+            fp = None if got is None or got.error else fingerprint(got.text, strip_line_numbers=self.strip_line_numbers)
             if fp is None:
                 missing.append(r)
-                reasons[r] = "no stack answered" if d is None else (f"stack dump failed: {d.error}" if d.error else "empty stack dump")
+                reasons[r] = "no stack answered" if got is None else (
+                    f"stack dump failed: {got.error}" if got.error else "empty stack dump")
             else:
                 prints[r] = fp
         grouped: dict[str, list[int]] = {}

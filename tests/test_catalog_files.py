@@ -91,6 +91,13 @@ def _labels() -> Any:
     return load_label_rules()
 
 
+def _frames() -> Any:
+    from faultlens.diagnosis.hangroot import FRAMES_CATALOG, load_frames
+
+    load_frames.cache_clear()
+    return load_frames(str(FRAMES_CATALOG))
+
+
 def _shipped_model() -> Any:
     from faultlens.models.classifier import load_shipped
 
@@ -107,6 +114,7 @@ LOADERS: dict[str, Callable[[], Any]] = {
     "diagnosis/catalogs/counters.toml": _counters,
     "diagnosis/catalogs/inhibit.toml": _inhibit,
     "diagnosis/catalogs/policy.toml": _policy,
+    "diagnosis/catalogs/frames.toml": _frames,
     "diagnosis/schemas/incident.schema.json": _schema("incidents"),
     "diagnosis/schemas/action.schema.json": _schema("actions"),
     "models/catalogs/detectors.toml": _detectors,
