@@ -224,7 +224,11 @@ def test_identical_stacks_and_no_other_evidence_restart_with_diagnostics_not_not
     case = HangCase(name="no-evidence", nodes=4, tp=1, pp=1, dp=32, framework="ddp", stuck={9: "nccl_kernel"},
                     gpu_evidence=False)
     _, actions = _diagnose(case, tmp_path)
-    assert [a.type for a in actions if a.type != "notify"] == ["run_diagnostics"]
+    # nothing names a machine: a job-level restart with stop-time diagnostics (diagnosis.guard.job_level),
+    # never a node-targeted action with no node, never notify alone
+    acted = [a for a in actions if a.type != "notify"]
+    assert [a.type for a in acted] == ["restart_job"]
+    assert acted[0].plan and acted[0].plan.get("diagnostics_requested") is True
 
 
 def test_every_rank_waiting_on_input_is_a_job_wide_stall_notified_not_a_restart(tmp_path):
