@@ -82,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     config = _config(args)
     if args.role == "runner":
-        from faultlens.diagnosis.runner import ActionRunner
+        from faultlens.diagnosis.runner.runner import ActionRunner
 
         env = dict(os.environ, SCALEOUT_DIR=args.dir)
         ActionRunner(config, env=env).run(poll_ms=100)

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.adapters import make_adapter
-from faultlens.diagnosis.runner import ActionRunner
+from faultlens.diagnosis.runner.adapters import make_adapter
+from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
 from faultlens.stream import schema
 from tests.runner_standins import env_with, recorded, write_standin

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.runner import ActionRunner
+from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from tests.runner_standins import env_with, recorded, write_standin

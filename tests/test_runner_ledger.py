@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.runner import ActionRunner, Ledger
+from faultlens.diagnosis.runner.runner import ActionRunner, Ledger
 from faultlens.errors import LakeError
 from faultlens.stream import schema
 from tests.runner_standins import env_with, recorded, write_standin

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import (
+from faultlens.diagnosis.runner.adapter_base import (
     Refused,
     Step,
     check_nodes,

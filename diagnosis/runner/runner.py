@@ -38,10 +38,16 @@ from typing import Any
 import orjson
 
 from faultlens.config import Config
-from faultlens.diagnosis.adapter_base import Adapter, Refused, StepsResult, check_nodes, run_steps
-from faultlens.diagnosis.adapter_dryrun import DryRunAdapter
-from faultlens.diagnosis.adapters import make_adapter
 from faultlens.diagnosis.event_schemas import EventValidator
+from faultlens.diagnosis.runner.adapter_base import (
+    Adapter,
+    Refused,
+    StepsResult,
+    check_nodes,
+    run_steps,
+)
+from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
+from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.errors import BusError, LakeError, SchemaError
 from faultlens.metrics import ServiceMetrics
 from faultlens.stream import schema, topics

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import orjson
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import Step, check_nodes, fill_template, parse_template
+from faultlens.diagnosis.runner.adapter_base import Step, check_nodes, fill_template, parse_template
 from faultlens.errors import ConfigError
 from faultlens.stream.schema import Action
 
