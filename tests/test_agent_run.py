@@ -20,10 +20,12 @@ from faultlens.errors import NoData
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.schema import Command, StackDump
+from tests.runner_standins import keys_config, signing_keyring
 
 
 def _config(bus: BusConfig, tmp_path: Path, **agent: Any) -> Config:
-    return Config(bus=bus, agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=1.0, **agent))
+    return Config(bus=bus, agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=1.0, **agent),
+                  keys=keys_config(tmp_path))  # commands are carried out only when signed
 
 
 def _collect(bus: BusConfig, kind: str, done: Callable[[list[Any]], bool], timeout_s: float = 30) -> list[Any]:
@@ -78,7 +80,7 @@ def test_agent_without_gpu_ships_kernel_xids_and_answers_dump_stacks(
         with open(kern, "a") as f:
             f.write("\n".join(xids) + "\n")
             f.write("\x00\xff not a kernel line at all\n")
-        with Producer(bus) as p:
+        with Producer(bus, keyring=signing_keyring()) as p:
             p.send(Command("c1", time.time(), "dump_stacks", "job-7", ["gpu-n1"]))
             p.send(Command("c2", time.time(), "dump_stacks", "job-7", ["another-node"]))
         events = _collect(bus, "kernel", lambda got: any("not a kernel line" in e.raw for e in got))
