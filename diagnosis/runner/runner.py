@@ -374,6 +374,9 @@ class ActionRunner:
         log.info("runner: adapter %s, %s, consuming %s as group %s", self.adapter.name,
                  "EXECUTING non-dry-run actions" if self.cfg.execute else "dry-run (logs only)", self.topic,
                  self.cfg.group_id)
+        if not self.keyring:
+            log.warning("runner: no signing key configured: no action will be executed, only dry-run; %s",
+                        HOW_TO_MAKE_A_KEY)
         loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms)
         try:
             loop.run(stop, max_seconds=max_seconds)
