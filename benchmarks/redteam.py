@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -59,6 +63,288 @@ def attack(name: str) -> Callable[[AttackFn], AttackFn]:
 # Signed actions, injection, forged log lines, secrets, the runner's ledger
 # (issue 24 items 1, 2, 6, 7)
 # ---------------------------------------------------------------------------
+
+# Each attack below starts its own embedded broker and real `faultlens runner` / `diagnose` /
+# `stream` processes (a hook program that records its argv stands in for the site's tooling),
+# except `injection`, which drives the real ActionRunner and adapters in this process with
+# real subprocesses (a stand-in `ssh` runs its remote command through `sh -c`, as sshd would).
+
+_FORGED_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \w+ faultlens\.diagnosis\.runner\.runner: "
+                          r"executing action act-FORGED", re.M)
+
+
+def _faultlens(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "faultlens.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen[bytes], *, kill: bool = False) -> str:
+    (proc.kill if kill else proc.terminate)()
+    try:
+        out = proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0]
+    return out.decode("utf-8", "replace")
+
+
+class _Site:
+    """A work directory with a signing key, a recording hook on PATH and a topic prefix on one broker."""
+
+    def __init__(self, root: Path, bootstrap: str, prefix: str):
+        from faultlens.config import BusConfig, KeysConfig
+        from faultlens.stream.bus import ensure_topics
+        from faultlens.stream.signing import Keyring, new_key, write_key
+        from tests.runner_standins import env_with, write_standin
+
+        self.dir = root / prefix
+        self.dir.mkdir(parents=True)
+        self.key_file = write_key(new_key("redteam"), self.dir / "key.toml")
+        self.keyring = Keyring.from_config(KeysConfig(files=(str(self.key_file),)))
+        self.calls = self.dir / "calls.jsonl"
+        for tool in ("hook", "scontrol", "kubectl"):
+            write_standin(self.dir / "bin", tool, self.calls)
+        self.env = env_with(self.dir / "bin")
+        self.bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix, linger_ms=5)
+        ensure_topics(self.bus, names=("actions", "action-status", "deadletter"))
+        self.bootstrap, self.prefix = bootstrap, prefix
+
+    def runner(self, *sets: str) -> subprocess.Popen[bytes]:
+        """`faultlens runner --execute --adapter command` on this site (ledger: the default file in its dir)."""
+        args = ["runner", "--execute", "--adapter", "command", "--bootstrap-servers", self.bootstrap,
+                "--set", f"bus.topic_prefix={self.prefix}", "--set", f"keys.files={self.key_file}",
+                "--set", "runner.hook_command=hook {action}", "--set", f"runner.group_id=runner-{self.prefix}"]
+        for item in sets:
+            args += ["--set", item]
+        return _faultlens(*args, cwd=self.dir, env=self.env)
+
+    def hooks(self) -> list[list[str]]:
+        from tests.runner_standins import recorded
+
+        return recorded(self.calls)
+
+    def statuses(self, want: set[str], timeout_s: float = 60.0) -> dict[str, Any]:
+        """Action statuses on action-status until every id in ``want`` has one (or the timeout)."""
+        from faultlens.stream import schema
+        from faultlens.stream.bus import Consumer
+
+        got: dict[str, Any] = {}
+        with Consumer(self.bus, ["action-status"], group_id=None) as consumer:
+            deadline = time.monotonic() + timeout_s
+            while not want <= set(got) and time.monotonic() < deadline:
+                for m in consumer.poll(200):
+                    st = schema.decode("action-status", m.value)
+                    got[st.action_id] = st
+        return got
+
+
+def _action(id_: str, *, type_: str = "restart_job", nodes: tuple[str, ...] = (), ts: float | None = None,
+            job: str = "4242", reason: str = "redteam") -> Any:
+    from faultlens.stream import schema
+
+    return schema.Action(id=id_, incident_id="inc-rt", job=job, ts=time.time() if ts is None else ts, type=type_,
+                         nodes=list(nodes), confidence=0.99, dry_run=False, reason=reason)
+
+
+def _send(site: _Site, events: list[dict[str, Any]]) -> None:
+    from faultlens.stream.bus import Producer
+
+    with Producer(site.bus) as producer:
+        for event in events:
+            producer.send_raw("actions", event.get("subject"), json.dumps(event).encode())
+        producer.flush(30)
+
+
+@attack("forged_actions")
+def forged_actions(scale: Scale) -> dict[str, int]:
+    """Unsigned, wrongly signed, expired and future-dated actions (dry_run false) against a real runner."""
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.signing import Key, Keyring
+
+    n = scale.n(50, minimum=8)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        site = _Site(Path(tmp), broker.bootstrap, "rtforged")
+        wrong = Keyring([Key("redteam", b"\x05" * 32)])  # the right key id, a guessed secret
+        past = Keyring(list(site.keyring.keys.values()), clock=lambda: time.time() - 7200)  # expired an hour ago
+        events = []
+        for i in range(n):
+            cloud = schema.cloudevent(_action(f"act-forged-{i}", ts=time.time() + (86400 if i % 4 == 3 else 0)))
+            events.append([cloud, wrong.sign(cloud), past.sign(cloud), site.keyring.sign(cloud)][i % 4])
+        events.append(site.keyring.sign(schema.cloudevent(_action("act-legit"))))  # the canary: must run
+        runner = site.runner()
+        try:
+            _send(site, events)
+            site.statuses({"act-legit"})
+        finally:
+            _stop(runner)
+        ran = [argv[1] for argv in site.hooks()]
+    return {"forged_executed": sum(1 for a in ran if a.startswith("act-forged")),
+            "legit_not_executed": int("act-legit" not in ran)}
+
+
+@attack("injection")
+def injection(scale: Scale) -> dict[str, int]:
+    """Hostile job/incident/action ids and reasons through the command, slurm and kubernetes templates."""
+    import orjson
+
+    from faultlens.config import Config, RunnerConfig
+    from faultlens.diagnosis.runner.runner import ActionRunner
+    from faultlens.stream import schema
+    from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
+
+    effects = hostile_argv = 0
+    quiet = logging.getLogger("faultlens.diagnosis.runner")  # ~130 refusals: the counts say what matters
+    level, quiet.level = quiet.level, logging.CRITICAL
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        marker = root / "PWNED"
+        hostile = [f"$(touch {marker})", f"`touch {marker}`", f"x;touch {marker}", "--help", "-rf",
+                   "act\n2026-11-27 10:00:00,000 WARNING faultlens: executing action act-FORGED", "a b", "'",
+                   "x" * 300, "../../etc/passwd", "j|touch " + str(marker)]
+        hostile = hostile[: scale.n(len(hostile), minimum=len(hostile))]
+        calls = root / "calls.jsonl"
+        bindir = root / "bin"
+        for tool in ("hook", "scontrol", "kubectl"):
+            write_standin(bindir, tool, calls)
+        ssh = bindir / "ssh"  # a remote shell here: the arguments after the host run through sh -c
+        ssh.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {root / 'ssh.log'}\nshift\nexec sh -c \"$*\"\n")
+        ssh.chmod(0o755)
+        template = "ssh {node} echo diag --job {job} --incident {incident} --action {action}"
+        adapters = {"command": dict(hook_command="hook --job {job} --incident {incident} --id {action}"),
+                    "slurm": dict(diagnostics_command=template), "kubernetes": dict(diagnostics_command=template)}
+        keys = keys_config(root)
+        for adapter, kw in adapters.items():
+            cfg = Config(runner=RunnerConfig(adapter=adapter, execute=True, state_path=str(root / f"{adapter}.jsonl"),
+                                             max_actions_per_window=10_000, **kw), keys=keys)
+            runner = ActionRunner(cfg, env=env_with(bindir))
+            for i, value in enumerate(hostile):
+                for field in ("job", "incident_id", "id", "reason"):
+                    fields = {"job": "4242", "incident_id": "inc-1", "id": f"act-{adapter}-{field}-{i}",
+                              "reason": "Xid 79", field: value}
+                    action = schema.Action(ts=time.time(), type="run_diagnostics", nodes=["n001"], confidence=0.99,
+                                           dry_run=False, **fields)
+                    runner.handle(orjson.dumps(signed(schema.cloudevent(action))))
+        quiet.setLevel(level)
+        effects = int(marker.exists())
+        argvs = recorded(calls)
+        ssh_log = (root / "ssh.log").read_text() if (root / "ssh.log").exists() else ""
+        for value in hostile:
+            hostile_argv += sum(1 for argv in argvs for arg in argv[1:] if arg == value or arg.endswith(value)
+                                and not arg.startswith("Reason="))
+            hostile_argv += ssh_log.count(value)
+    return {"files_touched": effects, "hostile_values_in_commands": hostile_argv}
+
+
+@attack("forged_log_lines")
+def forged_log_lines(scale: Scale) -> dict[str, int]:
+    """Newlines in ids, jobs and reasons (signed and unsigned) must not write a line of their own."""
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+
+    forged = "\n2026-11-27 10:00:00,000 WARNING faultlens.diagnosis.runner.runner: executing action act-FORGED " \
+             "(evict_nodes) for job 1: scontrol update NodeName=n9 State=DRAIN"
+    n = scale.n(20, minimum=4)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        site = _Site(Path(tmp), broker.bootstrap, "rtlog")
+        events = []
+        for i in range(n):
+            where = ("id", "job", "reason", "incident")[i % 4]
+            action = _action(f"act-{i}" + (forged if where == "id" else ""), job="4242" + (forged if where == "job" else ""),
+                             reason="Xid 79" + (forged if where == "reason" else ""))
+            if where == "incident":
+                action = schema.replace(action, incident_id="inc" + forged)
+            cloud = schema.cloudevent(action)
+            events += [site.keyring.sign(cloud), cloud]
+        events.append(site.keyring.sign(schema.cloudevent(_action("act-canary"))))
+        runner = site.runner()
+        try:
+            _send(site, events)
+            site.statuses({"act-canary"})
+        finally:
+            out = _stop(runner)
+    return {"forged_lines": len(_FORGED_LINE.findall(out))}
+
+
+@attack("secrets_in_logs")
+def secrets_in_logs(scale: Scale) -> dict[str, int]:
+    """runner, diagnose and stream at DEBUG with a SASL password, a webhook token and a signing key."""
+    from faultlens.stream.signing import new_key, write_key
+
+    password, token = "Sasl-Pa55word-redteam", "webhook-token-redteam-42"
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        key_file = write_key(new_key("rt"), root / "key.toml")
+        key_text = key_file.read_text().split('secret = "')[1].split('"')[0]
+        common = ["--log-level", "DEBUG", "--bootstrap-servers", "127.0.0.1:9",  # nothing listens: it retries
+                  "--set", "bus.security_protocol=SASL_PLAINTEXT", "--set", "bus.sasl_mechanism=PLAIN",
+                  "--set", "bus.sasl_username=faultlens", "--set", f"bus.sasl_password={password}",
+                  "--set", f"diagnosis.webhook_token={token}", "--set", "diagnosis.webhook_url=http://127.0.0.1:9/",
+                  "--set", f"keys.files={key_file}"]
+        procs = {name: _faultlens(name, *common, cwd=root) for name in ("runner", "diagnose", "stream")}
+        time.sleep(3 if scale.name == "smoke" else 6)
+        for name, proc in procs.items():
+            out = _stop(proc, kill=True)
+            counts[f"{name}_secrets"] = sum(out.count(s) for s in (password, token, key_text))
+            # kafka-python dumps its configuration (the password's field) at DEBUG; no dump: nothing was tried
+            counts[f"{name}_inconclusive"] = int("sasl_plain_password" not in out)
+    return counts
+
+
+@attack("hooks_run_twice")
+def hooks_run_twice(scale: Scale) -> dict[str, int]:
+    """Restart the runner (default settings: its ledger on by default) and re-send the actions it ran."""
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+
+    n = scale.n(20, minimum=3)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        site = _Site(Path(tmp), broker.bootstrap, "rttwice")
+        events = [site.keyring.sign(schema.cloudevent(_action(f"act-{i}"))) for i in range(n)]
+        ids = {e["id"] for e in events}
+        for _life in range(2):
+            runner = site.runner()
+            try:
+                _send(site, events)
+                deadline = time.monotonic() + 60
+                while len(site.hooks()) < n and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                time.sleep(1.0 if scale.name == "smoke" else 3.0)  # let a second run show itself
+            finally:
+                _stop(runner)
+        ran = [argv[1] for argv in site.hooks()]
+    return {"hooks_run_twice": len(ran) - len(set(ran)), "never_run": len(ids - set(ran))}
+
+
+@attack("runner_storm")
+def runner_storm(scale: Scale) -> dict[str, int]:
+    """More actions than the runner's own caps allow: its rate cap and its fleet cap hold on their own."""
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+
+    n, rate_cap, fleet_cap = scale.n(60, minimum=12), 5, 4
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        rate = _Site(Path(tmp), broker.bootstrap, "rtrate")
+        fleet = _Site(Path(tmp), broker.bootstrap, "rtfleet")
+        rate_events = [rate.keyring.sign(schema.cloudevent(_action(f"act-r{i}"))) for i in range(n)]
+        fleet_events = [fleet.keyring.sign(schema.cloudevent(_action(f"act-f{i}", type_="evict_nodes",
+                                                                     nodes=(f"n{i:04d}",)))) for i in range(n)]
+        runners = [rate.runner(f"runner.max_actions_per_window={rate_cap}"),
+                   fleet.runner(f"runner.max_nodes_evicted_per_hour={fleet_cap}")]
+        try:
+            _send(rate, rate_events)
+            _send(fleet, fleet_events)
+            rate_status = rate.statuses({e["id"] for e in rate_events})
+            fleet_status = fleet.statuses({e["id"] for e in fleet_events})
+        finally:
+            for r in runners:
+                _stop(r)
+        fleet_ran = len(fleet.hooks())  # one distinct node per action
+    refused = sum(1 for st in [*rate_status.values(), *fleet_status.values()] if st.status == "refused")
+    return {"executed_beyond_rate_cap": max(0, len(rate.hooks()) - rate_cap),
+            "evicted_beyond_fleet_cap": max(0, fleet_ran - fleet_cap),
+            "refusals_unreported": max(0, 2 * n - rate_cap - fleet_cap - refused)}
 
 
 # ---------------------------------------------------------------------------

@@ -66,14 +66,26 @@ if aid not in done:  # idempotent by action id, as drain/cordon are
 # --------------------------------------------------------------------------- workers (child processes)
 
 def _config(args: argparse.Namespace) -> Any:
-    from faultlens.config import BusConfig, Config, DiagnosisConfig, GuardConfig, RunnerConfig
+    from faultlens.config import (
+        BusConfig,
+        Config,
+        DiagnosisConfig,
+        GuardConfig,
+        KeysConfig,
+        RunnerConfig,
+    )
 
     bus = BusConfig(bootstrap_servers=args.bootstrap, topic_prefix=args.prefix, linger_ms=2)
     guard = GuardConfig(dry_run=False, max_evictions_per_job_per_hour=1000, storm_nodes=100_000, max_evicted_fraction=1.0)
     hook = f"{sys.executable} {args.dir}/hook.py"
+    key = Path(args.dir) / "signing-key.toml"  # made by the test that runs a runner (kill_test)
+    keys = KeysConfig(files=(str(key),)) if key.exists() else KeysConfig()
+    # The runner's own caps are not what this measures: every eviction is expected to run.
     return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path=""), guard=guard,
                   runner=RunnerConfig(adapter="command", hook_command=hook, execute=True, group_id=f"{args.prefix}-run",
-                                      state_path=f"{args.dir}/ledger.jsonl", max_action_age_s=1e9))
+                                      state_path=f"{args.dir}/ledger.jsonl", max_action_age_s=1e9,
+                                      max_actions_per_window=1_000_000, max_nodes_evicted_per_hour=1_000_000),
+                  keys=keys)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -82,7 +94,7 @@ def worker(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     config = _config(args)
     if args.role == "runner":
-        from faultlens.diagnosis.runner import ActionRunner
+        from faultlens.diagnosis.runner.runner import ActionRunner
 
         env = dict(os.environ, SCALEOUT_DIR=args.dir)
         ActionRunner(config, env=env).run(poll_ms=100)
@@ -370,6 +382,7 @@ def _nodes(topo: Any) -> list[str]:
 
 def kill_test(broker: Any, base: Path, nodes: int, kills: int) -> dict[str, Any]:
     """kill -9 of diagnosis instances during open incidents, and of the runner mid-action."""
+    from faultlens.commands.demo import demo_key
     from faultlens.config import BusConfig
     from faultlens.stream.bus import Producer, ensure_topics
     from tests import fleetgen
@@ -378,6 +391,7 @@ def kill_test(broker: Any, base: Path, nodes: int, kills: int) -> dict[str, Any]
     work = base / prefix
     work.mkdir()
     (work / "hook.py").write_text(HOOK)
+    demo_key(work)  # diagnosis signs the evictions, the runner verifies them
     bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix=prefix, linger_ms=2)
     ensure_topics(bus)
     fl = fleetgen.fleet(jobs=nodes // 8, nodes_per_job=8, unjobbed=0, duration_s=1, gpu_interval_s=1.0, faulty_jobs=0)

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
 from faultlens.stream.schema import StackDump
+from faultlens.stream.signing import Keyring, Unverified
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,17 @@ def dump_job(job: str, node: str, *, timeout_s: float = 20.0, request_id: str | 
     return dumps + flight_recorder.for_processes(job, node, [(p.pid, p.rank) for p in procs], request_id=request_id)
 
 
+def command_refusal(keyring: Keyring, value: bytes) -> Unverified | None:
+    """Why a commands-topic message must not be carried out (unsigned, forged, expired, future), or None."""
+    try:
+        keyring.verify(orjson.loads(value))
+    except orjson.JSONDecodeError as exc:
+        return Unverified("malformed_json", str(exc))
+    except Unverified as exc:
+        return exc
+    return None
+
+
 class StacksSource:
     """The agent's ``stacks`` source: answers ``dump_stacks`` commands for this node.
 
@@ -145,6 +159,7 @@ class StacksSource:
         self.agent = agent
         self.provider = options.get("provider") or _dump_job_provider
         self._seen: set[str] = set()
+        self.keyring = Keyring.from_config(agent.config.keys)  # commands run only when they verify
         self._thread: threading.Thread | None = None
 
     def start(self, positions: dict[str, Any]) -> None:
@@ -200,6 +215,10 @@ class StacksSource:
         from faultlens.stream import schema
 
         agent = self.agent
+        refused = command_refusal(self.keyring, value)
+        if refused is not None:
+            self._dead_letter(value, refused)
+            return
         try:
             cmd = schema.decode("commands", value)
         except SchemaError as exc:
@@ -222,6 +241,20 @@ class StacksSource:
         agent.success("stacks", records=len(dumps))
         log.info("dump_stacks %s for job %s: %d dumps (%d failed) in %.1f s", cmd.id, cmd.job, len(dumps), failed,
                  time.monotonic() - t0)
+
+    def _dead_letter(self, value: bytes, refused: Unverified) -> None:
+        """A command that does not verify: not carried out, kept on the deadletter topic, counted."""
+        from faultlens.stream import schema, topics
+
+        agent = self.agent
+        topic = topics.topic("commands", agent.config.bus.topic_prefix)
+        agent.say_once(f"command-refused-{refused.reason}", logging.WARNING,
+                       "commands refused (%s): %s", refused.reason, refused.detail)
+        if agent.metrics is not None:
+            agent.metrics.dead_letters.labels(topic=topic, reason=refused.reason).inc()
+        agent.emit(schema.DeadLetter(ts=time.time(), topic=topic, partition=-1, offset=-1, reason=refused.reason,
+                                     detail=refused.detail[:2000], payload=value[:schema.MAX_MESSAGE_BYTES].decode(
+                                         "utf-8", "backslashreplace"), size=len(value)))
 
     def holding(self) -> bool:
         return False

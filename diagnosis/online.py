@@ -58,6 +58,7 @@ from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
 from faultlens.stream.decode import CONTENT_TYPE_HEADER
+from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
 log = logging.getLogger(__name__)
 INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks", "action-status")
@@ -106,6 +107,11 @@ class DiagnosisService:
         self.guard_log = guard_log
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
+        # Every action and command is signed (a bad key file fails here, at start).
+        self.keyring = Keyring.from_config(config.keys)
+        if not self.keyring:
+            log.warning("diagnosis: no signing key, actions and commands go out unsigned: the runner only "
+                        "dry-runs them and agents ignore them; %s", HOW_TO_MAKE_A_KEY)
         # The webhook posts from a thread of its own: a slow receiver never delays an action.
         self._webhook_queue: queue.Queue[Any] = queue.Queue(maxsize=1000)
         self.bootstrap = bootstrap
@@ -440,7 +446,7 @@ class DiagnosisService:
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
         # Every round ends in a flush, so lingering only batches sends within a round.
-        producer = self._producer = Producer(bus, self.bootstrap, linger_ms=20)
+        producer = self._producer = Producer(bus, self.bootstrap, keyring=self.keyring, linger_ms=20)
         # A new group reads the input from the start and skips what is older than a short lookback:
         # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
         not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)

@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 
-from faultlens import __version__
+from faultlens import __version__, logsafe
 from faultlens.config import load_config
 from faultlens.errors import FaultlensError
 
@@ -25,6 +25,7 @@ COMMANDS = {
     "explain": "classify every line of raw logs and say what to do",
     "runner": "execute actions through an adapter (dry-run, slurm, kubernetes, command)",
     "guard": "guard rails: breakers and eviction counts (status), a person's reset",
+    "keys": "make the signing key of actions and agent commands",
     "ui": "Streamlit incident explorer over the lake",
     "report": "render a root-cause report (HTML or Markdown) for a job",
     "train": "train the fault classifier on simulator suites or labelled incidents",
@@ -92,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # Every handler escapes control characters and redacts secrets, third-party loggers' records included.
+    logsafe.install(getattr(logging, args.log_level))
     module = _module(args.command)
     if module is None:
         print(f"faultlens {args.command}: not built yet", file=sys.stderr)
         return 2
     try:
         config = load_config(args.config, overrides=args.overrides, flags={"bus.bootstrap_servers": args.bootstrap_servers})
+        logsafe.register_secrets(config.secrets())
         return int(module.run(args, config) or 0)
     except FaultlensError as exc:
         print(f"faultlens {args.command}: error: {exc}", file=sys.stderr)

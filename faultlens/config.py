@@ -6,7 +6,9 @@ environment ``FAULTLENS_<SECTION>_<KEY>`` < command-line flags
 validated at start; an error names the file (or variable) and the key.
 
 Units are in the names (``interval_s``, ``temp_limit_c``). Secrets
-(``sasl_password``, ``ssl_password``) never appear in ``describe()`` or logs.
+(``sasl_password``, ``ssl_password``, ``webhook_token``) never appear in ``describe()``
+or logs (``faultlens.logsafe`` redacts them); signing keys live in their own files
+(``[keys] files``), never in this file.
 
 This module imports no faultlens part, so every part may take its section.
 """
@@ -138,8 +140,24 @@ class RunnerConfig:
     diagnostics_command: str = ""  # run_diagnostics: argv template run per node, e.g. "ssh {node} dcgmi diag -r 2"
     command_timeout_s: float = 120.0
     max_action_age_s: float = 3600.0  # older actions (a replayed topic) are refused, never executed
-    state_path: str = ""  # ledger of handled action ids, survives restarts; empty: memory only
+    # Ledger of handled action ids and of what ran (caps), fsynced; survives restarts. Relative paths
+    # are under the working directory, as diagnosis.catalog_path and lake.path are. "" is refused with --execute.
+    state_path: str = "faultlens-runner-ledger.jsonl"
     metrics_port: int = 0
+    # The runner's own caps, a second line behind diagnosis' guard (persisted in the ledger):
+    max_actions_per_window: int = 20  # actions executed per rate_window_s; beyond: refused
+    rate_window_s: float = 600.0
+    max_nodes_evicted_per_hour: int = 32  # distinct nodes drained/cordoned in any hour; beyond: refused
+
+
+@dataclass(frozen=True)
+class KeysConfig:
+    """Signing keys of actions and agent commands (stream/signing.py; `faultlens keys new`)."""
+
+    files: tuple[str, ...] = ()  # key files; every listed key verifies (rotation)
+    active: str = ""  # the key id diagnosis signs with; empty: the first file's key
+    validity_s: float = 900.0  # a signed action or command expires this long after signing
+    max_skew_s: float = 60.0  # dated more than this ahead of the reader's clock: refused
 
 
 @dataclass(frozen=True)
@@ -185,8 +203,14 @@ class Config:
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    keys: KeysConfig = field(default_factory=KeysConfig)
     adaptation: AdaptationConfig = field(default_factory=AdaptationConfig)
     ui: UiConfig = field(default_factory=UiConfig)
+
+    def secrets(self) -> list[str]:
+        """The secret values set (passwords, tokens), for log redaction."""
+        return [str(v) for sec in dataclasses.fields(self) for k, v in dataclasses.asdict(getattr(self, sec.name)).items()
+                if k in SECRET_KEYS and v]
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """The configuration as a dict, secrets masked."""

@@ -19,6 +19,7 @@ from faultlens.errors import BusError
 from faultlens.stream import schema, topics
 from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
 from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
+from faultlens.stream.signing import Keyring
 
 log = logging.getLogger(__name__)
 END_CHECK_S = 3.0  # how often a consumer compares idle partitions' positions with their logs' ends
@@ -92,11 +93,13 @@ class Producer:
     harmless downstream (the lake dedupes on offsets, actions carry ids).
     """
 
-    def __init__(self, bus: BusConfig, bootstrap: str | None = None, **overrides: Any):
+    def __init__(self, bus: BusConfig, bootstrap: str | None = None, *, keyring: Keyring | None = None,
+                 **overrides: Any):
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
 
         self.prefix = bus.topic_prefix
+        self.keyring = keyring  # signs actions and commands (stream/signing.py); None or empty: unsigned
         kw = client_kwargs(bus, bootstrap)
         if is_embedded(",".join(kw["bootstrap_servers"])):
             kw["enable_idempotence"] = False
@@ -117,10 +120,13 @@ class Producer:
         """Send one record (or its pre-encoded ``value``); returns kafka's future."""
         kind = type(record).KIND
         key = getattr(record, topics.KEY_FIELD[kind], None)
-        if kind in ("incidents", "actions"):
+        if kind in ("incidents", "actions", "commands"):
             import orjson
 
-            value = orjson.dumps(schema.cloudevent(record))
+            event = schema.cloudevent(record)
+            if kind != "incidents" and self.keyring:
+                event = self.keyring.sign(event)
+            value = orjson.dumps(event)
         return self.send_raw(kind, key, value if value is not None else schema.encode(record))
 
     def send_raw(self, kind: str, key: str | None, value: bytes | None, *, partition: int | None = None,

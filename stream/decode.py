@@ -226,7 +226,7 @@ def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any
     cls = schema.RECORDS.get(kind)
     if cls is None:
         raise SchemaError("unknown_kind", kind=kind)
-    if kind in ("incidents", "actions") and isinstance(obj, dict) and "specversion" in obj:
+    if kind in ("incidents", "actions", "commands") and isinstance(obj, dict) and "specversion" in obj:
         obj = obj.get("data")  # a CloudEvents envelope
     if not isinstance(obj, dict):
         raise SchemaError("not_an_object", kind=kind)

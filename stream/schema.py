@@ -478,11 +478,13 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
 CLOUDEVENT_TYPES = {
     "incidents": "io.faultlens.incident.v1",
     "actions": "io.faultlens.action.v1",
+    "commands": "io.faultlens.command.v1",
 }
 
 
-def cloudevent(record: Incident | Action, *, source: str = "/faultlens/diagnosis") -> dict[str, Any]:
-    """Wrap an incident or action in a CloudEvents 1.0 structured-mode envelope."""
+def cloudevent(record: Incident | Action | Command, *, source: str = "/faultlens/diagnosis") -> dict[str, Any]:
+    """Wrap an incident, action or agent command in a CloudEvents 1.0 structured-mode envelope
+    (actions and commands are signed on it: stream/signing.py)."""
     import datetime as _dt
 
     kind = type(record).KIND

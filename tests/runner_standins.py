@@ -10,6 +10,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from faultlens.config import KeysConfig
+from faultlens.stream.signing import Key, Keyring, write_key
+
+# The tests' signing key: diagnosis' side signs with it (``signed``), the runner under test
+# reads it from a file (``keys_config``), as a deployment does.
+TEST_KEY = Key("test-key", bytes(range(32)))
 
 _SCRIPT = """#!{python}
 import json, sys
@@ -41,3 +49,19 @@ def recorded(record: Path) -> list[list[str]]:
     if not record.exists():
         return []
     return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def keys_config(directory: Path) -> KeysConfig:
+    """``[keys]`` naming a file holding ``TEST_KEY`` (written into ``directory``)."""
+    path = write_key(TEST_KEY, directory / "test-key.toml", force=True)
+    return KeysConfig(files=(str(path),))
+
+
+def signed(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` signed as diagnosis signs it."""
+    return Keyring([TEST_KEY]).sign(event)
+
+
+def signing_keyring() -> Keyring:
+    """Diagnosis' side of ``keys_config``: a keyring that signs with ``TEST_KEY`` (for ``Producer``)."""
+    return Keyring([TEST_KEY])

@@ -20,10 +20,12 @@ from faultlens.errors import NoData
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.schema import Command, StackDump
+from tests.runner_standins import keys_config, signing_keyring
 
 
 def _config(bus: BusConfig, tmp_path: Path, **agent: Any) -> Config:
-    return Config(bus=bus, agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=1.0, **agent))
+    return Config(bus=bus, agent=AgentConfig(spool_dir=str(tmp_path / "spool"), health_interval_s=1.0, **agent),
+                  keys=keys_config(tmp_path))  # commands are carried out only when signed
 
 
 def _collect(bus: BusConfig, kind: str, done: Callable[[list[Any]], bool], timeout_s: float = 30) -> list[Any]:
@@ -78,7 +80,9 @@ def test_agent_without_gpu_ships_kernel_xids_and_answers_dump_stacks(
         with open(kern, "a") as f:
             f.write("\n".join(xids) + "\n")
             f.write("\x00\xff not a kernel line at all\n")
-        with Producer(bus) as p:
+        with Producer(bus) as forger:  # anyone with write access to the topic, without the key
+            forger.send(Command("c0-forged", time.time(), "dump_stacks", "job-7", ["gpu-n1"]))
+        with Producer(bus, keyring=signing_keyring()) as p:
             p.send(Command("c1", time.time(), "dump_stacks", "job-7", ["gpu-n1"]))
             p.send(Command("c2", time.time(), "dump_stacks", "job-7", ["another-node"]))
         events = _collect(bus, "kernel", lambda got: any("not a kernel line" in e.raw for e in got))
@@ -93,7 +97,7 @@ def test_agent_without_gpu_ships_kernel_xids_and_answers_dump_stacks(
     assert all(e.kind == "xid" and e.node == "gpu-n1" and e.pci_bus for e in with_xid)
     assert not any("old line" in e.raw for e in events)
     assert any("not a kernel line" in e.raw and e.kind == "other" for e in events)  # kept, not dropped
-    assert calls == [("job-7", "gpu-n1", "c1")]
+    assert calls == [("job-7", "gpu-n1", "c1")]  # the unsigned c0-forged was refused
     assert sorted(d.rank for d in dumps) == [0, 1] and all(d.request_id == "c1" and d.job == "job-7" for d in dumps)
     assert agent.health["nvml"].state == "no_data"
     with pytest.raises(NoData):

@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.adapters import make_adapter
-from faultlens.diagnosis.runner import ActionRunner
+from faultlens.diagnosis.runner.adapters import make_adapter
+from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
 from faultlens.stream import schema
-from tests.runner_standins import env_with, recorded, write_standin
+from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
 
 def _action(type_: str = "evict_nodes", *, nodes=("n001", "n002"), job: str = "12345", dry_run: bool = False,
@@ -24,11 +24,12 @@ def _action(type_: str = "evict_nodes", *, nodes=("n001", "n002"), job: str = "1
 
 
 def _value(action: schema.Action) -> bytes:
-    return orjson.dumps(schema.cloudevent(action))
+    return orjson.dumps(signed(schema.cloudevent(action)))
 
 
 def _runner(tmp_path, adapter: str, *, execute: bool = True, bindir=None, **runner_kw) -> ActionRunner:
-    cfg = Config(runner=RunnerConfig(adapter=adapter, execute=execute, **runner_kw))
+    runner_kw.setdefault("state_path", str(tmp_path / "ledger.jsonl"))
+    cfg = Config(runner=RunnerConfig(adapter=adapter, execute=execute, **runner_kw), keys=keys_config(tmp_path))
     return ActionRunner(cfg, env=env_with(bindir or tmp_path / "bin"))
 
 
@@ -80,10 +81,10 @@ def test_kubernetes_evict_cordons_and_taints(tmp_path, record) -> None:
     out = _runner(tmp_path, "kubernetes").handle(_value(_action()))
     taint = RunnerConfig().k8s_taint
     expected = [
-        ["kubectl", "cordon", "n001"],
-        ["kubectl", "taint", "nodes", "n001", taint, "--overwrite"],
-        ["kubectl", "cordon", "n002"],
-        ["kubectl", "taint", "nodes", "n002", taint, "--overwrite"],
+        ["kubectl", "cordon", "--", "n001"],
+        ["kubectl", "taint", "nodes", "--overwrite", "--", "n001", taint],
+        ["kubectl", "cordon", "--", "n002"],
+        ["kubectl", "taint", "nodes", "--overwrite", "--", "n002", taint],
     ]
     assert recorded(record) == expected and out.status.commands == expected and out.status.status == "done"
 
@@ -92,8 +93,9 @@ def test_kubernetes_run_diagnostics_uses_the_configured_taint(tmp_path, record) 
     runner = _runner(tmp_path, "kubernetes", k8s_taint="example.com/gpu-check=pending:NoExecute")
     runner.handle(_value(_action("run_diagnostics", nodes=("gpu-node-7.cluster.local",))))
     assert recorded(record) == [
-        ["kubectl", "cordon", "gpu-node-7.cluster.local"],
-        ["kubectl", "taint", "nodes", "gpu-node-7.cluster.local", "example.com/gpu-check=pending:NoExecute", "--overwrite"],
+        ["kubectl", "cordon", "--", "gpu-node-7.cluster.local"],
+        ["kubectl", "taint", "nodes", "--overwrite", "--", "gpu-node-7.cluster.local",
+         "example.com/gpu-check=pending:NoExecute"],
     ]
 
 
@@ -132,10 +134,11 @@ def test_a_failing_command_stops_the_plan_and_reports_stderr(tmp_path) -> None:
 
 def test_a_missing_executable_is_a_failure_not_a_crash(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
-    cfg = Config(runner=RunnerConfig(adapter="kubernetes", execute=True))
+    cfg = Config(runner=RunnerConfig(adapter="kubernetes", execute=True, state_path=str(tmp_path / "ledger.jsonl")),
+                 keys=keys_config(tmp_path))
     out = ActionRunner(cfg, env={"PATH": str(tmp_path / "empty")}).handle(_value(_action()))
     assert out.status.status == "failed" and "executable not found: kubectl" in out.status.detail
-    assert out.status.commands == [["kubectl", "cordon", "n001"]]
+    assert out.status.commands == [["kubectl", "cordon", "--", "n001"]]
 
 
 def test_dry_run_actions_never_execute_even_with_execute(tmp_path, record) -> None:
@@ -187,7 +190,8 @@ def test_the_command_hook_gets_the_action_json_on_stdin(tmp_path) -> None:
         _value(action))
     assert recorded(rec) == [["apply-plan", "--job", "12345", "--type", "adapt_parallelism", "--id", "act-1"]]
     got = orjson.loads(stdin.read_bytes())
-    assert got == schema.cloudevent(action) and got["data"]["plan"]["layers_per_stage"] == [10, 6, 8, 8]
+    assert {k: v for k, v in got.items() if not k.startswith("faultlens")} == schema.cloudevent(action)
+    assert got["faultlenskeyid"] == "test-key" and got["data"]["plan"]["layers_per_stage"] == [10, 6, 8, 8]
     assert out.status.status == "done"
 
 
@@ -197,7 +201,7 @@ def test_bad_messages_are_dead_lettered_and_invalid_actions_refused(tmp_path, re
     assert out.status is None and out.dead_letter.reason == "malformed_json" and out.dead_letter.offset == 17
     event = schema.cloudevent(_action(id_="act-bad"))
     event["data"]["type"] = "reboot_everything"
-    out = runner.handle(orjson.dumps(event))
+    out = runner.handle(orjson.dumps(signed(event)))  # signed: only diagnosis' own bad actions are reported
     assert out.dead_letter.reason == "schema_invalid" and "reboot_everything" in out.dead_letter.detail
     assert out.status.status == "refused" and out.status.action_id == "act-bad"
     assert recorded(record) == []

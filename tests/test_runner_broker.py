@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.runner import ActionRunner
+from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from tests.runner_standins import env_with, recorded, write_standin
+from tests.runner_standins import env_with, keys_config, recorded, signing_keyring, write_standin
 
 pytestmark = pytest.mark.broker
 
@@ -59,10 +59,10 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
     write_standin(tmp_path / "bin", "scontrol", rec)
     ledger = tmp_path / "ledger.jsonl"
     cfg = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, group_id="runner-a",
-                                              state_path=str(ledger)))
+                                              state_path=str(ledger)), keys=keys_config(tmp_path))
     statuses = Consumer(bus, ["action-status", "deadletter"], group_id=None)
     try:
-        with Producer(bus) as producer:
+        with Producer(bus, keyring=signing_keyring()) as producer:
             producer.send(_action("act-1"))
             producer.send(_action("act-1"))  # the same action delivered twice
             producer.send(_action("act-2", dry_run=True, nodes=("n002",)))
@@ -88,9 +88,9 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
 
         # A restarted runner with a new group re-reads the whole topic: nothing runs again.
         cfg_b = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, group_id="runner-b",
-                                                    state_path=str(ledger)))
+                                                    state_path=str(ledger)), keys=keys_config(tmp_path))
         runner_b = ActionRunner(cfg_b, env=env_with(tmp_path / "bin"))
-        with Producer(bus) as producer:
+        with Producer(bus, keyring=signing_keyring()) as producer:
             producer.send(_action("act-4", nodes=("n004",)))
             producer.flush()
             with RunnerThread(runner_b):
@@ -108,7 +108,7 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
 
 def test_an_action_event_on_the_topic_is_the_cloudevent(bus) -> None:
     ensure_topics(bus, names=("actions",))
-    with Producer(bus) as producer:
+    with Producer(bus, keyring=signing_keyring()) as producer:
         producer.send(_action("act-9"))
         producer.flush()
     consumer = Consumer(bus, ["actions"], group_id=None)
@@ -130,13 +130,14 @@ def test_the_runner_command_executes_and_serves_metrics(bus, tmp_path) -> None:
     ensure_topics(bus, names=("actions", "action-status", "deadletter"))
     rec = tmp_path / "calls.jsonl"
     write_standin(tmp_path / "bin", "kubectl", rec)
-    with Producer(bus) as producer:
+    with Producer(bus, keyring=signing_keyring()) as producer:
         producer.send(_action("act-cli", nodes=("gpu-17",)))
         producer.flush()
     port = free_port()
     statuses = Consumer(bus, ["action-status"], group_id=None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "faultlens.cli", "runner", "--adapter", "kubernetes", "--execute",
+         "--set", f"keys.files={keys_config(tmp_path).files[0]}",
          "--bootstrap-servers", bus.bootstrap_servers, "--set", f"bus.topic_prefix={bus.topic_prefix}",
          "--metrics-port", str(port), "--duration-s", "60"],
         env=env_with(tmp_path / "bin"), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -146,7 +147,7 @@ def test_the_runner_command_executes_and_serves_metrics(bus, tmp_path) -> None:
         assert len(got) == 1, proc.stdout.read1().decode() if proc.poll() is not None else "no status"
         status = schema.decode("action-status", got[0].value)
         assert status.status == "done" and status.adapter == "kubernetes"
-        assert recorded(rec)[0] == ["kubectl", "cordon", "gpu-17"]
+        assert recorded(rec)[0] == ["kubectl", "cordon", "--", "gpu-17"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         assert 'faultlens_actions_total{status="done",type="evict_nodes"} 1.0' in text

@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.runner import ActionRunner, Ledger
+from faultlens.diagnosis.runner.runner import ActionRunner, Ledger
 from faultlens.errors import LakeError
 from faultlens.stream import schema
-from tests.runner_standins import env_with, recorded, write_standin
+from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
 DRAIN = "Reason=faultlens inc-7: Xid 79"
 
@@ -21,11 +21,12 @@ def _value(id_: str = "act-9") -> bytes:
     a = schema.Action(id=id_, incident_id="inc-7", job="12345", ts=time.time(), type="evict_nodes",
                       nodes=["n001", "n002"], confidence=0.97, dry_run=False, reason="Xid 79",
                       suspects=[{"node": "n001", "score": 0.97, "reason": "Xid 79"}])
-    return orjson.dumps(schema.cloudevent(a))
+    return orjson.dumps(signed(schema.cloudevent(a)))
 
 
 def _runner(tmp_path) -> ActionRunner:
-    cfg = Config(runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "ledger.jsonl")))
+    cfg = Config(runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "ledger.jsonl")),
+                 keys=keys_config(tmp_path))
     return ActionRunner(cfg, env=env_with(tmp_path / "bin"))
 
 

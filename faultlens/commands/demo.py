@@ -56,9 +56,27 @@ def _free_port(preferred: int) -> int:
     return preferred
 
 
+SIMULATED_LEAD_S = 86_400.0  # how far ahead of the wall clock a simulated timeline may run
+
+
+def demo_key(workdir: Path) -> Path:
+    """The run's signing key (made once per work directory): diagnosis signs, runner and agents verify."""
+    from faultlens.stream.signing import new_key, write_key
+
+    path = workdir / "signing-key.toml"
+    if not path.exists():
+        write_key(new_key("demo"), path)
+    return path
+
+
 def service_env(workdir: Path, bootstrap: str) -> dict[str, str]:
-    """The environment that points every service at one bus and one work directory."""
+    """The environment that points every service at one bus, one work directory and one signing key."""
     return {
+        "FAULTLENS_KEYS_FILES": str(demo_key(workdir)),
+        # The simulated cluster plays its timeline at --speed x real time, so its event time (and
+        # the actions' and commands' times) runs ahead of the wall clock by design; a real cluster
+        # keeps the default bound of 60 s.
+        "FAULTLENS_KEYS_MAX_SKEW_S": str(SIMULATED_LEAD_S),
         "FAULTLENS_BOOTSTRAP": bootstrap,
         "FAULTLENS_LAKE_PATH": str(workdir / "lake"),
         "FAULTLENS_LAKE_CATALOG_PATH": str(workdir / "stream-catalog.duckdb"),

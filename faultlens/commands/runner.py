@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from faultlens.diagnosis.adapters import ADAPTERS
+    from faultlens.diagnosis.runner.adapters import ADAPTERS
 
     keep = argparse.SUPPRESS  # not given: the configuration decides
     p.add_argument("--adapter", choices=sorted(ADAPTERS), default=keep,
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (none: until stopped)")
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from faultlens.diagnosis.runner import ActionRunner
+    from faultlens.diagnosis.runner.runner import ActionRunner
     from faultlens.metrics import MetricsServer, ServiceMetrics
 
     changes = {k: getattr(args, k) for k in ("adapter", "execute", "state_path", "metrics_port") if hasattr(args, k)}

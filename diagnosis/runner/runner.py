@@ -2,21 +2,31 @@
 
 For each message on the actions topic (consumer group ``runner.group_id``):
 
-1. parse and validate the CloudEvent against ``schemas/action.schema.json``,
-   then decode the Action; anything wrong is dead-lettered (and, when the
-   message names an action id and job, reported ``refused``): a bad message
-   never stops the runner;
-2. once per action id: a re-delivered action (a rebalance, a restart before
+1. verify the signature (stream/signing.py: a key listed in ``[keys] files``,
+   not expired, not dated in the future); what does not verify is dead-lettered
+   with its reason and counted, never reported nor written to the ledger (a
+   forged message must not take the id of a real action). With no key
+   configured nothing verifies: every action is at most dry-run, and a
+   non-dry-run one is refused with how to make a key;
+2. validate the CloudEvent against ``schemas/action.schema.json``, then decode
+   the Action; anything wrong is dead-lettered (and, when the message names an
+   action id and job, reported ``refused``): a bad message never stops the runner;
+3. once per action id: a re-delivered action (a rebalance, a restart before
    the commit) is recognised by its id and not executed again. The id is
-   written to the ledger (``runner.state_path``, or memory) *before* anything
-   runs, so execution is at most once even across a crash;
-3. refuse what is unsafe: actions older than ``runner.max_action_age_s`` (a
-   replayed topic), node names that are not host names, job ids the adapter
-   cannot use, action types the adapter does not support;
-4. execute only when the runner was started with ``runner.execute`` (the
+   written to the ledger (``runner.state_path``, a file by default) *before*
+   anything runs, so execution is at most once even across a crash;
+4. refuse what is unsafe: actions older than ``runner.max_action_age_s`` (a
+   replayed topic) or dated in the future, node names that are not host names,
+   ids that are not plain ids, job ids the adapter cannot use, action types the
+   adapter does not support; and what passes the runner's own caps (its second
+   line behind diagnosis' guard): at most ``runner.max_actions_per_window``
+   executions per ``runner.rate_window_s`` and
+   ``runner.max_nodes_evicted_per_hour`` distinct nodes isolated in any hour,
+   counted from the ledger so a restart does not reset them;
+5. execute only when the runner was started with ``runner.execute`` (the
    ``--execute`` flag) *and* the action says ``dry_run: false``; otherwise log
    what would run and report ``dry_run``;
-5. produce an ``ActionStatus`` on action-status with every command line started
+6. produce an ``ActionStatus`` on action-status with every command line started
    and, on failure, the tail of stderr; then commit the offsets.
 
 ``handle(value)`` is the whole decision for one message, without Kafka;
@@ -37,15 +47,23 @@ from typing import Any
 
 import orjson
 
-from faultlens.config import Config
-from faultlens.diagnosis.adapter_base import Adapter, Refused, StepsResult, check_nodes, run_steps
-from faultlens.diagnosis.adapter_dryrun import DryRunAdapter
-from faultlens.diagnosis.adapters import make_adapter
+from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.event_schemas import EventValidator
-from faultlens.errors import BusError, LakeError, SchemaError
+from faultlens.diagnosis.runner.adapter_base import (
+    Adapter,
+    Refused,
+    StepsResult,
+    check_nodes,
+    run_steps,
+)
+from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
+from faultlens.diagnosis.runner.adapters import make_adapter
+from faultlens.errors import BusError, ConfigError, LakeError, SchemaError
 from faultlens.metrics import ServiceMetrics
 from faultlens.stream import schema, topics
 from faultlens.stream.schema import Action, ActionStatus, DeadLetter
+from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, Unverified
+from faultlens.vocabulary import ActionType
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +77,34 @@ class Outcome:
     duplicate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One action carried out: when, which, and the nodes it isolated (empty: none)."""
+
+    ts: float
+    action_id: str
+    nodes: tuple[str, ...]
+
+
+ISOLATING = frozenset({ActionType.EVICT_NODES, ActionType.RUN_DIAGNOSTICS})  # drain / cordon the named nodes
+
+
+def cap_refusal(cfg: RunnerConfig, executions: list[Execution], action: Action, now: float) -> str | None:
+    """Why the runner's own caps forbid carrying out ``action`` now, or None."""
+    recent = [e for e in executions if now - e.ts < cfg.rate_window_s]
+    if len(recent) >= cfg.max_actions_per_window:
+        return (f"runner rate cap: {len(recent)} action(s) executed in the last {cfg.rate_window_s:g} s, "
+                f"limit runner.max_actions_per_window={cfg.max_actions_per_window}")
+    if action.type in ISOLATING:
+        isolated = {n for e in executions if now - e.ts < 3600.0 for n in e.nodes}
+        after = isolated | set(action.nodes)
+        if len(after) > cfg.max_nodes_evicted_per_hour:
+            return (f"runner fleet cap: {len(isolated)} distinct node(s) isolated in the last hour, "
+                    f"{len(after - isolated)} more would pass runner.max_nodes_evicted_per_hour="
+                    f"{cfg.max_nodes_evicted_per_hour}")
+    return None
+
+
 IN_DOUBT = "started"  # recorded before anything runs; still the last word after a crash mid-action
 
 
@@ -70,6 +116,7 @@ class Ledger:
         self.path = Path(path) if path else None
         self._seen: dict[str, str] = {}
         self._steps: dict[str, set[int]] = {}
+        self.executions: list[Execution] = []  # what was carried out, for the runner's caps
         if self.path is not None and self.path.exists():
             try:
                 lines = [ln for ln in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
@@ -80,6 +127,9 @@ class Ledger:
                     entry = orjson.loads(line)
                     if "step" in entry:
                         self._steps.setdefault(entry["action_id"], set()).add(int(entry["step"]))
+                    elif "executing" in entry:
+                        self.executions.append(Execution(float(entry["ts"]), str(entry["action_id"]),
+                                                         tuple(str(n) for n in entry["nodes"])))
                     else:
                         self._seen[entry["action_id"]] = entry["status"]
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -104,6 +154,12 @@ class Ledger:
     def record(self, action_id: str, status: str) -> None:
         self._seen[action_id] = status
         self._write({"action_id": action_id, "status": status, "ts": time.time()})
+
+    def record_execution(self, execution: Execution) -> None:
+        """An action is about to be carried out on these nodes (the caps count it from now on)."""
+        self.executions.append(execution)
+        self._write({"action_id": execution.action_id, "executing": True, "nodes": list(execution.nodes),
+                     "ts": execution.ts})
 
     def record_step(self, action_id: str, step: int) -> None:
         """Step ``step`` of the action's plan finished: a resumed action does not run it again."""
@@ -144,6 +200,10 @@ class ActionRunner:
         self.metrics = metrics if metrics is not None else ServiceMetrics("runner")
         self.clock = clock
         self.validator = EventValidator("actions")
+        self.keyring = Keyring.from_config(config.keys, clock=clock)  # a bad key file fails here, at start
+        if self.cfg.execute and not self.cfg.state_path:
+            raise ConfigError("--execute needs the ledger (at most once across restarts); set a file",
+                              key="runner.state_path")
         self.ledger = Ledger(self.cfg.state_path)
         self.topic = topics.topic("actions", config.bus.topic_prefix)
 
@@ -151,10 +211,17 @@ class ActionRunner:
 
     def handle(self, value: bytes, *, partition: int = 0, offset: int = -1, key: str | None = None) -> Outcome:
         """Decide and (maybe) execute one actions-topic message. Never raises for a bad message."""
+        if not value:  # a tombstone or an empty message: nothing to act on
+            return self._dead(value or b"", "empty_message", "no payload", partition, offset, key)
         try:
             event = orjson.loads(value)
         except orjson.JSONDecodeError as exc:
             return self._dead(value, "malformed_json", str(exc), partition, offset, key)
+        if self.keyring:
+            try:
+                self.keyring.verify(event)
+            except Unverified as exc:  # forged, unsigned, expired, future: never reported, never in the ledger
+                return self._dead(value, exc.reason, exc.detail, partition, offset, key)
         problems = self.validator.errors(event)
         if problems:
             return self._dead(value, "schema_invalid", "; ".join(problems[:5]), partition, offset, key, event=event)
@@ -183,6 +250,10 @@ class ActionRunner:
                                 status=state, detail=detail, commands=commands or [])
 
         age_s = self.clock() - action.ts
+        if -age_s > self.config.keys.max_skew_s:
+            log.warning("action %s refused: dated %.0f s in the future", action.id, -age_s)
+            return status("refused", f"future-dated: the action is stamped {-age_s:.0f} s ahead of the runner's "
+                                     f"clock, more than keys.max_skew_s={self.config.keys.max_skew_s:g}")
         if age_s > self.cfg.max_action_age_s:
             log.warning("action %s refused: %.0f s old (runner.max_action_age_s=%g)", action.id, age_s,
                         self.cfg.max_action_age_s)
@@ -200,9 +271,20 @@ class ActionRunner:
             text = DryRunAdapter.describe(action) + (f"; would run: {would}" if would else "")
             log.info("[dry-run: %s] action %s: %s", why, action.id, text)
             return status("dry_run", f"{why}: {text}")
+        if not self.keyring:
+            log.warning("action %s refused: unsigned and no signing key configured; %s", action.id, HOW_TO_MAKE_A_KEY)
+            return status("refused", f"unsigned: the runner has no signing key, so it executes nothing; "
+                                     f"{HOW_TO_MAKE_A_KEY}")
         if not steps:
             log.info("action %s (%s): nothing to execute for adapter %s", action.id, action.type, self.adapter.name)
             return status("done", f"{action.type}: nothing to execute for the {self.adapter.name} adapter")
+        if not any(e.action_id == action.id for e in self.ledger.executions):  # a resumed action counted once
+            capped = cap_refusal(self.cfg, self.ledger.executions, action, self.clock())
+            if capped is not None:
+                log.warning("action %s (%s) refused: %s", action.id, action.type, capped)
+                return status("refused", capped)
+            self.ledger.record_execution(Execution(self.clock(), action.id,
+                                                   tuple(action.nodes) if action.type in ISOLATING else ()))
         log.warning("executing action %s (%s) for job %s: %s", action.id, action.type, action.job, would)
         result = self._run_steps(action.id, steps)
         if not result.ok:
@@ -231,6 +313,7 @@ class ActionRunner:
 
     def _dead(self, value: bytes, reason: str, detail: str, partition: int, offset: int, key: str | None,
               *, event: Any = None) -> Outcome:
+        """Dead-letter a message; ``event`` (a verified envelope): also report its action ``refused``."""
         log.warning("actions message at %s[%d]@%d dead-lettered: %s: %s", self.topic, partition, offset, reason,
                     detail[:300])
         self.metrics.dead_letters.labels(topic=self.topic, reason=reason).inc()
@@ -291,6 +374,9 @@ class ActionRunner:
         log.info("runner: adapter %s, %s, consuming %s as group %s", self.adapter.name,
                  "EXECUTING non-dry-run actions" if self.cfg.execute else "dry-run (logs only)", self.topic,
                  self.cfg.group_id)
+        if not self.keyring:
+            log.warning("runner: no signing key configured: no action will be executed, only dry-run; %s",
+                        HOW_TO_MAKE_A_KEY)
         loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms)
         try:
             loop.run(stop, max_seconds=max_seconds)

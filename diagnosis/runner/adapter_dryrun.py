@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import Step
+from faultlens.diagnosis.runner.adapter_base import Step
 from faultlens.stream.schema import Action
 
 

@@ -1,7 +1,7 @@
 """Kubernetes: cordon the blamed nodes and taint them with runner.k8s_taint.
 
-``kubectl cordon <node>`` stops new pods landing there; ``kubectl taint nodes
-<node> <taint> --overwrite`` says why, and with effect ``NoExecute`` also moves
+``kubectl cordon -- <node>`` stops new pods landing there; ``kubectl taint nodes
+--overwrite -- <node> <taint>`` says why, and with effect ``NoExecute`` also moves
 pods without a toleration off the node. Restarting the job itself belongs to
 the job's operator (PyTorchJob, JobSet...): use the command adapter for that.
 
@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import (
+from faultlens.diagnosis.runner.adapter_base import (
     Refused,
     Step,
     check_nodes,
     fill_template,
     parse_template,
+    template_values,
 )
 from faultlens.errors import ConfigError
 from faultlens.stream.schema import Action
@@ -52,8 +53,9 @@ class KubernetesAdapter:
 
     def _isolate(self, node: str) -> list[Step]:
         return [
-            Step((self.kubectl, "cordon", node)),
-            Step((self.kubectl, "taint", "nodes", node, self.config.k8s_taint, "--overwrite")),
+            # Options first, then "--": what follows is never read as an option.
+            Step((self.kubectl, "cordon", "--", node)),
+            Step((self.kubectl, "taint", "nodes", "--overwrite", "--", node, self.config.k8s_taint)),
         ]
 
     def plan(self, action: Action, event: Mapping[str, Any]) -> list[Step]:
@@ -63,7 +65,7 @@ class KubernetesAdapter:
             nodes = check_nodes(action.nodes, required=True)
             steps = [s for n in nodes for s in self._isolate(n)]
             if action.type == "run_diagnostics" and self.diagnostics:
-                values = {"job": action.job, "incident": action.incident_id, "action": action.id}
+                values = template_values(action)
                 steps += [Step(fill_template(self.diagnostics, {**values, "node": n})) for n in nodes]
             return steps
         raise Refused(f"{action.type} is not supported by the kubernetes adapter; use the command adapter")

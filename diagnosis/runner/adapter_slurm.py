@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import (
+from faultlens.diagnosis.runner.adapter_base import (
     Refused,
     Step,
     check_nodes,
@@ -29,6 +29,7 @@ from faultlens.diagnosis.adapter_base import (
     clean_text,
     fill_template,
     parse_template,
+    template_values,
 )
 from faultlens.stream.schema import Action
 
@@ -63,7 +64,7 @@ class SlurmAdapter:
             nodes = check_nodes(action.nodes, required=True)
             steps = [self._drain(n, action) for n in nodes]
             if self.diagnostics:
-                values = {"job": action.job, "incident": action.incident_id, "action": action.id}
+                values = template_values(action)
                 steps += [Step(fill_template(self.diagnostics, {**values, "node": n})) for n in nodes]
             return steps
         raise Refused(f"{action.type} is not supported by the slurm adapter; use the command adapter")

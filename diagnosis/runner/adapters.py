@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import Adapter
-from faultlens.diagnosis.adapter_command import CommandAdapter
-from faultlens.diagnosis.adapter_dryrun import DryRunAdapter
-from faultlens.diagnosis.adapter_kubernetes import KubernetesAdapter
-from faultlens.diagnosis.adapter_slurm import SlurmAdapter
+from faultlens.diagnosis.runner.adapter_base import Adapter
+from faultlens.diagnosis.runner.adapter_command import CommandAdapter
+from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
+from faultlens.diagnosis.runner.adapter_kubernetes import KubernetesAdapter
+from faultlens.diagnosis.runner.adapter_slurm import SlurmAdapter
 from faultlens.errors import ConfigError
 
 ADAPTERS: dict[str, type] = {

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 
 from faultlens.errors import ConfigError, Refused  # noqa: F401 - Refused re-exported for the adapters
 from faultlens.stream.schema import Action
+from faultlens.vocabulary import ActionType
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 SLURM_JOB_ID_RE = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?$")
+# Job, incident and action ids put into a command: letters, digits, '._-', not starting with '-'
+# (never an option), bounded. Anything else (spaces, '$(...)', quotes, newlines) refuses the action.
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Programs that hand their arguments to a shell on another machine: every value is quoted for it.
+REMOTE_SHELLS = frozenset({"ssh", "rsh", "pdsh", "clush"})
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 STDERR_TAIL_CHARS = 2000
 
@@ -86,6 +92,22 @@ def check_slurm_job(job: str) -> str:
     return job
 
 
+def check_id(value: str, what: str) -> str:
+    """``value`` when it is a plain id (``ID_RE``); else the action is refused, naming it."""
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise Refused(f"{what} {value!r:.80} is not a plain id (letters, digits, '._-', at most 128, "
+                      "not starting with '-'): refused rather than put into a command")
+    return value
+
+
+def template_values(action: Action) -> dict[str, str]:
+    """The checked values of an action for ``{type} {job} {incident} {action}`` placeholders."""
+    if action.type not in set(ActionType):
+        raise Refused(f"action type {action.type!r:.60} is not one of faultlens' action types")
+    return {"type": str(action.type), "job": check_id(action.job, "job"),
+            "incident": check_id(action.incident_id, "incident id"), "action": check_id(action.id, "action id")}
+
+
 def clean_text(text: str, limit: int = 200) -> str:
     """Free text for a command argument: one line, printable, bounded."""
     return _CONTROL_RE.sub(" ", text).strip()[:limit]
@@ -100,11 +122,16 @@ def parse_template(line: str, *, key: str) -> tuple[str, ...]:
 
 
 def fill_template(template: Sequence[str], values: Mapping[str, str]) -> tuple[str, ...]:
-    """Replace ``{name}`` placeholders inside each argv element (plain replace, no format())."""
+    """Replace ``{name}`` placeholders inside each argv element (plain replace, no format()).
+
+    The values must come from ``template_values`` / ``check_node`` (checked patterns). When the
+    program is a remote shell (ssh ...), whose arguments a shell on the far side parses again,
+    each value after the program name is also quoted for that shell (``shlex.quote``)."""
+    remote = bool(template) and os.path.basename(template[0]) in REMOTE_SHELLS
     out = []
-    for arg in template:
+    for i, arg in enumerate(template):
         for key, val in values.items():
-            arg = arg.replace("{" + key + "}", val)
+            arg = arg.replace("{" + key + "}", shlex.quote(val) if remote and i > 0 else val)
         out.append(arg)
     return tuple(out)
 

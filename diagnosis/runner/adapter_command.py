@@ -17,7 +17,13 @@ from typing import Any, ClassVar
 import orjson
 
 from faultlens.config import RunnerConfig
-from faultlens.diagnosis.adapter_base import Step, check_nodes, fill_template, parse_template
+from faultlens.diagnosis.runner.adapter_base import (
+    Step,
+    check_nodes,
+    fill_template,
+    parse_template,
+    template_values,
+)
 from faultlens.errors import ConfigError
 from faultlens.stream.schema import Action
 
@@ -34,5 +40,5 @@ class CommandAdapter:
 
     def plan(self, action: Action, event: Mapping[str, Any]) -> list[Step]:
         check_nodes(action.nodes, required=False)
-        values = {"type": action.type, "job": action.job, "incident": action.incident_id, "action": action.id}
+        values = template_values(action)
         return [Step(fill_template(self.template, values), stdin=orjson.dumps(dict(event)))]

@@ -1,0 +1,126 @@
+"""Signed actions and commands (stream/signing.py): what verifies, what does not and why, key files,
+rotation, and the agent's side (a commands-topic message is carried out only when it verifies)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import orjson
+import pytest
+
+from faultlens.cli import main
+from faultlens.collectors.stacks import command_refusal
+from faultlens.config import KeysConfig
+from faultlens.errors import ConfigError
+from faultlens.stream import schema
+from faultlens.stream.signing import (
+    Key,
+    Keyring,
+    Unverified,
+    canonical,
+    new_key,
+    read_key,
+    write_key,
+)
+from tests.runner_standins import TEST_KEY, signing_keyring
+
+T0 = 1_800_000_000.0
+
+
+def _action(**kw) -> schema.Action:
+    fields = dict(id="act-1", incident_id="inc-7", job="12345", ts=T0, type="evict_nodes", nodes=["n001"],
+                  confidence=0.97, dry_run=False, reason="Xid 79")
+    return schema.Action(**{**fields, **kw})
+
+
+def _ring(keys: list[Key], now: float = T0, **kw) -> Keyring:
+    return Keyring(keys, clock=lambda: now, **kw)
+
+
+def _reason(ring: Keyring, event) -> str:
+    with pytest.raises(Unverified) as info:
+        ring.verify(event)
+    return info.value.reason
+
+
+def test_a_signed_action_verifies_and_every_change_to_it_does_not() -> None:
+    ring = _ring([TEST_KEY])
+    event = ring.sign(schema.cloudevent(_action(dry_run=True)))
+    ring.verify(event)
+    assert event["faultlenskeyid"] == "test-key" and len(event["faultlenssig"]) == 43
+    flipped = orjson.loads(orjson.dumps(event))
+    flipped["data"]["dry_run"] = False  # the forger's edit: make a dry-run action real
+    assert _reason(ring, flipped) == "bad_signature"
+    longer = dict(event, faultlensexpires="2100-01-01T00:00:00Z")  # the expiry is signed too
+    assert _reason(ring, longer) == "bad_signature"
+    ring.verify(orjson.loads(orjson.dumps(event, option=orjson.OPT_SORT_KEYS)))  # key order is not the signature's
+    assert canonical(event) == canonical(dict(reversed(list(event.items()))))
+
+
+def test_the_recorded_forged_action_is_refused_with_its_reason() -> None:
+    # What the attack produced: a script writing CloudEvents with dry_run false, no signature.
+    forged = schema.cloudevent(_action(id="act-forged-17", nodes=["n009"]))
+    assert _reason(_ring([TEST_KEY]), forged) == "unsigned"
+    other = Key("test-key", b"\x01" * 32)  # the right key id, the wrong secret
+    assert _reason(_ring([TEST_KEY]), _ring([other]).sign(forged)) == "bad_signature"
+    assert _reason(_ring([TEST_KEY]), _ring([Key("k-mine", b"\x02" * 32)]).sign(forged)) == "unknown_key"
+    assert _reason(_ring([]), forged) == "no_key_configured"
+    assert _reason(_ring([TEST_KEY]), ["not", "an", "object"]) == "bad_envelope"
+
+
+def test_expired_and_future_dated_events_are_refused_within_a_bounded_skew() -> None:
+    signed = _ring([TEST_KEY], validity_s=900).sign(schema.cloudevent(_action()))
+    _ring([TEST_KEY], now=T0 + 900 + 59).verify(signed)  # within max_skew_s (60) of the expiry
+    assert _reason(_ring([TEST_KEY], now=T0 + 900 + 61), signed) == "expired"
+    future = _ring([TEST_KEY]).sign(schema.cloudevent(_action(ts=T0 + 3600)))
+    assert _reason(_ring([TEST_KEY]), future) == "future_dated"
+    year_2100 = _ring([TEST_KEY]).sign(schema.cloudevent(_action(ts=4_102_444_800.0)))
+    assert _reason(_ring([TEST_KEY]), year_2100) == "future_dated"
+    _ring([TEST_KEY]).verify(_ring([TEST_KEY]).sign(schema.cloudevent(_action(ts=T0 + 30))))  # small skew is fine
+
+
+def test_rotation_signs_with_the_active_key_and_verifies_with_every_listed_one(tmp_path) -> None:
+    old, new = new_key("k-old"), new_key("k-new")
+    files = tuple(str(write_key(k, tmp_path / f"{k.id}.toml")) for k in (old, new))
+    before = Keyring.from_config(KeysConfig(files=files[:1]))
+    during = Keyring.from_config(KeysConfig(files=files, active="k-new"))
+    after = Keyring.from_config(KeysConfig(files=files[1:]))
+    by_old = before.sign(schema.cloudevent(_action(ts=time.time())))
+    by_new = during.sign(schema.cloudevent(_action(ts=time.time())))
+    assert by_new["faultlenskeyid"] == "k-new"
+    during.verify(by_old)  # in flight while diagnosis switched keys
+    after.verify(by_new)
+    with pytest.raises(Unverified, match="unknown_key"):
+        after.verify(by_old)
+    with pytest.raises(ConfigError, match="k-gone"):
+        Keyring.from_config(KeysConfig(files=files, active="k-gone"))
+
+
+def test_keys_new_writes_an_owner_only_file_and_bad_files_are_named(tmp_path, capsys) -> None:
+    out = tmp_path / "keys" / "k1.toml"
+    assert main(["keys", "new", "--out", str(out), "--id", "k1"]) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert read_key(out).id == "k1" and "FAULTLENS_KEYS_FILES" in capsys.readouterr().out
+    assert main(["keys", "new", "--out", str(out)]) == 1  # never overwrites a key by accident
+    assert "exists" in capsys.readouterr().err
+    (tmp_path / "short.toml").write_text('id = "k2"\nsecret = "c2hvcnQ"\n')
+    with pytest.raises(ConfigError, match="short.toml"):
+        read_key(tmp_path / "short.toml")
+    with pytest.raises(ConfigError, match="missing.toml"):
+        Keyring.from_config(KeysConfig(files=(str(tmp_path / "missing.toml"),)))
+    assert repr(read_key(out)) == "Key(id='k1')"  # the secret is never printed
+
+
+def test_a_signed_command_decodes_and_the_agent_refuses_an_unsigned_one() -> None:
+    cmd = schema.Command("cmd-1", time.time(), "dump_stacks", "job-7", ["gpu-n1"])
+    value = orjson.dumps(signing_keyring().sign(schema.cloudevent(cmd)))
+    assert schema.decode("commands", value) == cmd  # the lake and older readers unwrap the envelope
+    agent_ring = Keyring([TEST_KEY])
+    assert command_refusal(agent_ring, value) is None
+    # The recorded attack: a plain command written to the topic by anyone with write access.
+    plain = schema.encode(cmd)
+    assert command_refusal(agent_ring, plain).reason == "unsigned"
+    assert command_refusal(agent_ring, b"\x00garbage").reason == "malformed_json"
+    assert command_refusal(Keyring([]), value).reason == "no_key_configured"
