@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from faultlens.config import Config
 from faultlens.diagnosis.detectors import (
     Detector,
@@ -123,6 +124,10 @@ class DiagnosisEngine:
         self._node_job: dict[str, str] = {}
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
+        # job -> slow machine -> (the remedy it got, the incident): one decision per slow machine
+        self._node_gpus: dict[str, set[int]] = {}  # node -> the GPU indexes the job's topology places on it
+        self._quarantined: set[tuple[str, int]] = set()  # (node, GPU index) entries already reported
+        self._slow_remedy: dict[str, dict[str, tuple[str, str]]] = {}
         self._classify = load_classify() if classify == "auto" else classify
         # the same context rules as explain (repeats, derived Xids); a caller-given classify gets none
         self._classify_ctx = new_classify_context() if classify == "auto" else None
@@ -158,6 +163,7 @@ class DiagnosisEngine:
         if isinstance(record, JobTopology):
             self.set_topology(record)
         elif isinstance(record, GpuSample):
+            record = self._known_gpus_only(record)
             for f in self.counters.observe(record):
                 self._file_finding(f)
             job = self._jobs.get(self._node_job.get(record.node, ""))
@@ -174,6 +180,21 @@ class DiagnosisEngine:
             if record.rank is not None:
                 job.stacks[record.rank] = record
 
+    def _known_gpus_only(self, sample: GpuSample) -> GpuSample:
+        """A GPU entry whose index the node does not have (negative, or outside the GPUs the job's topology
+        places on that node) is quarantined: counted and logged, never read as a GPU that came or was lost."""
+        known = self._node_gpus.get(sample.node)
+        bad = [g for g in sample.gpus if g.index < 0 or (known is not None and g.index not in known)]
+        if not bad:
+            return sample
+        self.counts["quarantined_gpu_entries"] = self.counts.get("quarantined_gpu_entries", 0) + len(bad)
+        for g in bad:
+            if (sample.node, g.index) not in self._quarantined:
+                self._quarantined.add((sample.node, g.index))
+                log.warning("GPU sample of %s names GPU index %d, which the node does not have (known: %s): "
+                            "entry quarantined", sample.node, g.index, sorted(known) if known else "0 and up")
+        return msgspec.structs.replace(sample, gpus=[g for g in sample.gpus if g not in bad])
+
     def add_stacks(self, dumps: Iterable[StackDump]) -> int:
         """Stack dumps known up front (a batch directory's snapshot); they do not move event time."""
         n = 0
@@ -189,6 +210,12 @@ class DiagnosisEngine:
         state.topology = topo
         for n in topo.nodes:
             self._node_job[n] = topo.job
+            ranks = topo.ranks_on(n)
+            gpus = {topo.placement[r][1] for r in ranks}
+            if len(gpus) == len(ranks):  # the topology names each rank's GPU: those are the node's known GPUs
+                self._node_gpus[n] = gpus
+            else:
+                self._node_gpus.pop(n, None)
         for det in self.detectors:
             det.set_topology(topo)
         return topo
@@ -204,10 +231,12 @@ class DiagnosisEngine:
 
     def _on_line(self, record: KernelEvent | NcclEvent, job: str) -> None:
         finding = None
+        classified = False  # the catalog read this line (None then means: nothing to act on)
         if self._classify is not None:
             try:
                 finding = self._classify(record, self._classify_ctx) if self._classify_ctx is not None \
                     else self._classify(record)
+                classified = True
             except Exception:
                 log.debug("classify failed on a line", exc_info=True)
         nan_re = self.catalog.nan_patterns
@@ -220,6 +249,12 @@ class DiagnosisEngine:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
+        if signal is not None and finding is None and classified and signal.role != "info" \
+                and _catalog_says_benign(record):
+            # One verdict: the catalog found nothing to act on in this line (an informational entry such as
+            # Xid 63, a row marked for remapping), so it opens no incident here either (explain says none).
+            self.counts["benign_lines"] = self.counts.get("benign_lines", 0) + 1
+            return
         if signal is None and finding is not None and unmatched_but_actionable(record, finding):
             # A signature no policy signal names: one unclassified incident that takes the signature's own
             # action (route action "signature"), under the route's confidence floor and the guard rails.
@@ -248,6 +283,13 @@ class DiagnosisEngine:
         ranks = inc.state.exception_ranks
         ranks.setdefault(fp, set()).add(record.rank if record.rank is not None else hash((record.node, record.pid)))
         self._decide(inc)
+        if "rollback_code" in inc.decided:
+            # decided at the first traceback; the ranks that raised it since are counted on the incident
+            job_state = self._jobs.get(job)
+            world = job_state.topology.world_size if job_state and job_state.topology else None
+            again = self.policy.decide(inc, self.now, world_size=world)
+            if isinstance(again, Decision) and again.type == "rollback_code":
+                inc.summary, inc.confidence, inc.dirty = again.reason, max(inc.confidence, again.confidence), True
 
     def _on_nan_line(self, record: NcclEvent, job_name: str) -> None:
         """A log line saying a rank's loss or gradients went non-finite: a NaN signal naming that rank."""
@@ -326,7 +368,7 @@ class DiagnosisEngine:
         for inc in self.book.open_incidents():
             if inc.kind == "hang":
                 self._hang_workflow(inc, now, final=final)
-            elif not inc.decided and inc.kind != "user_exception":
+            elif not inc.decided:
                 self._decide(inc)
             held = inc.state.notify
             closing = now - inc.updated_ts > self.book.join_gap(inc.kind)
@@ -408,9 +450,15 @@ class DiagnosisEngine:
         if inc.kind == "nan_loss":
             self._decide_nan(inc, job)
             return
+        settle = self.steps_cfg.get("exception_settle_s", 10.0)
+        if inc.kind == "user_exception" and not self._final and self.now - inc.opened_ts < settle:
+            inc.state.waiting = f"waiting {settle:.0f} s for the other ranks' tracebacks"
+            return  # the other ranks' tracebacks arrive within seconds: count them before deciding
         world = job.topology.world_size if job and job.topology else None
         decision: Decision | Hold | None = self.policy.decide(inc, self.now, world_size=world)
         if isinstance(decision, Decision) and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
+            if self._one_slow_decision(inc, decision):
+                return
             decision = adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
                                       now=self.now, final=self._final)
         if isinstance(decision, Hold):
@@ -424,6 +472,24 @@ class DiagnosisEngine:
                 inc.state.notify = decision  # held back: a stronger signal may still arrive
             return
         self._act(inc, decision)
+
+    def _one_slow_decision(self, inc: OpenIncident, decision: Decision) -> bool:
+        """A slow machine gets one decision, adapt or evict: a second incident on it (the step-time model's
+        fail_slow beside the throttle counters' thermal_throttle) joins the one already decided. True: joined."""
+        taken = self._slow_remedy.get(inc.job, {})
+        earlier = [taken[n] for n in decision.nodes if n in taken and taken[n][1] != inc.id]
+        if not decision.nodes or len(earlier) < len(decision.nodes):
+            return False
+        action, host_id = earlier[0]
+        host = self.book.incidents.get(host_id)
+        inc.decided.add(decision.type)
+        inc.status, inc.state.folded_into, inc.state.waiting, inc.dirty = "resolved", host_id, None, True
+        inc.summary = (f"the same slow machine as incident {host_id}, which already took {action}: one decision per "
+                       "slow machine")
+        if host is not None:
+            host.note_muted(inc.kind, f"incident {inc.id} ({inc.kind})", "one_decision_per_slow_machine",
+                            inc.opened_ts, node=inc.node)
+        return True
 
     def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
         if job is None:
@@ -445,6 +511,8 @@ class DiagnosisEngine:
         if verdict.storm:
             inc.summary = f"fabric-level storm: {'; '.join(verdict.notes)}"
         inc.decided.add(d.type)
+        if d.type == "rollback_code":
+            inc.confidence = max(inc.confidence, d.confidence)  # the share of ranks that raised it
         suspects = [s for s in inc.record().suspects]
         action = Action(
             # Deterministic (incident, type): an incident takes each action type once, and a replay or a
@@ -461,8 +529,13 @@ class DiagnosisEngine:
         self._outputs.append(action)
         if d.type != "notify":
             self.book.promote_cause(inc)
+        if d.type == "restart_job":
+            self.book.note_action_cause(inc, "restart_job")
         if d.type == "evict_nodes":
             self._evicted.setdefault(inc.job, set()).update(d.nodes)
+        if d.type in ("evict_nodes", "adapt_parallelism") and inc.kind in ADAPTABLE_KINDS:
+            for node in d.nodes:
+                self._slow_remedy.setdefault(inc.job, {}).setdefault(node, (d.type, inc.id))
         if self.node_health is not None and d.blame:
             for node in d.nodes:
                 self.node_health.record_blame(node, incident_id=inc.id, job=inc.job, kind=inc.kind, ts=self.now)
@@ -488,6 +561,15 @@ class DiagnosisEngine:
 # Action types that remedy (an incident's summary is the reason of the first one taken).
 _REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
                        ActionType.RUN_DIAGNOSTICS})
+def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
+    """The signature catalog has an entry for this line and it says there is nothing to act on (explain's
+    info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""
+    from faultlens.signatures import classify
+
+    c = classify(record)  # stateless: a repeat that escalates already gave a finding
+    return c.rule is not None and (c.benign or c.category == "none")
+
+
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
     """A log time the batch reader estimated (boot-relative dmesg, an untimed line) says so in the evidence."""
     if record.fields.get("ts_estimated"):
