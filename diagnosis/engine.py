@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
 from faultlens.config import Config
 from faultlens.diagnosis.detectors import (
     Detector,
