@@ -152,6 +152,8 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
     return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
 
 
+# Per-line actions that say: act on this machine (an eviction below its confidence becomes stop-time checks).
+_MACHINE_LINE_ACTIONS = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU})
 # Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
 _KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
                                 LineAction.RESTART_JOB})
@@ -246,6 +248,12 @@ class Policy:
             return Decision("evict_nodes", top_nodes, f"{alerts} network alerts within {route.window_s:.0f} s on "
                             f"{', '.join(top_nodes)}", conf)
         if route.action == "evict_nodes":
+            if conf < route.min_confidence and top_nodes and inc.state.line_action in _MACHINE_LINE_ACTIONS:
+                # One verdict: the line's catalog entry says act on this machine; below the confidence to
+                # evict, the machine is drained for stop-time checks (what explain's reset_gpu means here).
+                return Decision("run_diagnostics", top_nodes, f"{inc.kind} below the confidence to evict "
+                                f"({conf:.2f} < {route.min_confidence:.2f}); signature {inc.state.signature} says "
+                                f"{inc.state.line_action}: stop-time diagnostics on {', '.join(top_nodes)}", conf)
             if conf < route.min_confidence or not top_nodes:
                 return Decision("notify", top_nodes, f"{inc.kind} below the confidence to evict "
                                 f"({conf:.2f} < {route.min_confidence:.2f})", conf)
