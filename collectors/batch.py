@@ -294,9 +294,9 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
             except orjson.JSONDecodeError as exc:
                 bad(jp, 1, f"not JSON ({exc}); read without it: one job from the step records")
             except SchemaError as exc:  # "bad_type: tp: bad_type: ..." -> key 'tp' of job.json
-                where = exc.detail.split(":", 1)[0] if exc.detail else ""
-                bad(jp, 1, f"key {where!r}: {exc.reason} ({exc.detail}); read without it: one job from the step "
-                    "records" if where else f"{exc}; read without it: one job from the step records")
+                key = exc.detail.split(":", 1)[0] if exc.detail else ""
+                bad(jp, 1, f"key {key!r}: {exc.reason} ({exc.detail}); read without it: one job from the step "
+                    "records" if key else f"{exc}; read without it: one job from the step records")
             except Exception as exc:  # noqa: BLE001 - a job.json of the wrong shape: read the rest without it
                 bad(jp, 1, reason_of(exc))
     else:
@@ -518,7 +518,7 @@ def _boot_time(relative: list[KernelEvent], clock: NodeClock, samples: list[GpuS
         seen = _first_change(samples, changes, r.gpu)
         if seen is not None and plausible(seen - r.ts):
             return seen - r.ts, "hardware"
-    exits = {}  # pid -> time the launcher reported the process gone
+    exits: dict[int, float] = {}  # pid -> time the launcher reported the process gone
     for n in nccl:
         m = EXIT_PID_RE.search(n.raw) if "exitcode" in n.raw and not n.fields.get("ts_estimated") else None
         if m:
