@@ -48,7 +48,7 @@ from faultlens.diagnosis.policy import (
     unmatched_but_actionable,
 )
 from faultlens.diagnosis.progress import JobProgress, check_hang
-from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, decide_nan
+from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, NAN_MACHINE_KINDS, adapt_or_evict, decide_nan
 from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
@@ -86,6 +86,9 @@ class JobState:
     nan: NanWatch = field(default_factory=NanWatch)
     stacks: dict[int, StackDump] = field(default_factory=dict)
     notes: list[Signal] = field(default_factory=list)  # notes waiting for an incident (diagnosis.notes)
+    # informational machine lines that opened no incident (Xid 63, a row marked for remapping): the NaN
+    # search still reads them as evidence on that machine (ts, node, kind, text), the latest few
+    machine_evidence: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[str]:
@@ -255,6 +258,10 @@ class DiagnosisEngine:
             # One verdict: the catalog found nothing to act on in this line (an informational entry such as
             # Xid 63, a row marked for remapping), so it opens no incident here either (explain says none).
             self.counts["benign_lines"] = self.counts.get("benign_lines", 0) + 1
+            if signal.node and signal.kind in NAN_MACHINE_KINDS:
+                kept = self._job(job).machine_evidence
+                kept.append((signal.ts, signal.node, signal.kind, record.raw[:300]))
+                del kept[:-64]
             return
         if signal is None and finding is not None and unmatched_but_actionable(record, finding):
             # A signature no policy signal names: one unclassified incident that takes the signature's own
@@ -534,7 +541,7 @@ class DiagnosisEngine:
             self.book.note_action_cause(inc, "restart_job")
         if d.type == "evict_nodes":
             self._evicted.setdefault(inc.job, set()).update(d.nodes)
-        if d.type in ("evict_nodes", "adapt_parallelism") and inc.kind in ADAPTABLE_KINDS:
+        if d.type in (ActionType.EVICT_NODES, ActionType.ADAPT_PARALLELISM) and inc.kind in ADAPTABLE_KINDS:
             for node in d.nodes:
                 self._slow_remedy.setdefault(inc.job, {}).setdefault(node, (d.type, inc.id))
         if self.node_health is not None and d.blame:

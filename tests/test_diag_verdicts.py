@@ -245,3 +245,33 @@ def test_every_recorded_catalog_line_gets_one_verdict_from_explain_and_the_engin
 @pytest.mark.parametrize("name", ["xid63", "link_up"])
 def test_informational_lines_are_info_in_explain(name: str) -> None:
     assert [e.c.severity for e in explain_lines([LINES[name]], "kernel") if e.c.rule] == ["info"]
+
+
+# --------------------------------------------------------------------------- kernel families (item 6)
+
+
+def test_the_remap_failure_speaks_for_a_dbe_a_remap_failure_and_a_gpu_that_did_not_come_back() -> None:
+    """One GPU prints Xid 48 then Xid 64, another RmInitAdapter failed: the line that decides what happens to
+    the machine is the remap failure (evict), not the first critical line (the DBE's reset)."""
+    from faultlens.signatures import most_significant
+
+    lines = [ln for d in ("families", "project", "real")
+             for ln in (FIXTURES / "kernel" / d / "input.log").read_text().splitlines()]
+    dbe = next(x for x in lines if "): 48, " in x and "double bit" in x)
+    remap = next(x for x in lines if "): 64, " in x)
+    rminit = next(x for x in lines if "RmInitAdapter failed" in x)
+    verdict = most_significant(e.c for e in explain_lines([dbe, remap, rminit], "kernel"))
+    assert verdict is not None and (verdict.rule, verdict.action) == ("xid.64", "evict_node")
+
+
+def test_a_hung_task_inside_the_nvidia_driver_is_the_machine_not_storage(tmp_path: Path) -> None:
+    """A task blocked in nvidia_uvm on one node: that machine's GPU driver (stop-time checks there), never
+    folded into a job-wide storage stall and never a hung-task notify."""
+    block = [ln for ln in (FIXTURES / "kernel" / "families" / "input.log").read_text().splitlines()
+             if ln.startswith("[  721.0")]
+    assert [e.c.rule for e in explain_lines(block, "kernel") if e.c.rule][0] == "kernel.hung_task.nvidia"
+    spec = Spec("uvm_hang", Expect(), stop_at=200,
+                kernel=[("gpu-a03", at(199) + i * 1e-6, ln.split("] ", 1)[1]) for i, ln in enumerate(block)])
+    _, incidents, actions = _diagnose(spec, tmp_path)
+    assert ("run_diagnostics", ("gpu-a03",)) in _strong(actions)
+    assert not [i for i in incidents if i.kind == "storage"]
