@@ -48,7 +48,12 @@ from faultlens.diagnosis.policy import (
     unmatched_but_actionable,
 )
 from faultlens.diagnosis.progress import JobProgress, check_hang
-from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, NAN_MACHINE_KINDS, adapt_or_evict, decide_nan
+from faultlens.diagnosis.remedy import (
+    ADAPTABLE_KINDS,
+    NAN_MACHINE_KINDS,
+    adapt_or_evict,
+    decide_nan,
+)
 from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
