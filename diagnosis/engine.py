@@ -459,7 +459,10 @@ class DiagnosisEngine:
         if rule is not None and rule.hold_s > 0 and job is not None and len(job.nodes) >= rule.min_nodes \
                 and not self._final and self.now - inc.opened_ts < rule.hold_s:
             inc.state.waiting = f"waiting {rule.hold_s:.0f} s for the job's other nodes ({rule.name})"
+            inc.state.pending = inc.state.pending or _JOBWIDE_HOLD  # not closed as quiet while it waits
             return  # the job's other nodes may report the same within the hold: then it is one shared cause
+        if inc.state.pending == _JOBWIDE_HOLD:
+            inc.state.pending = None
         if inc.kind == "nan_loss":
             self._decide_nan(inc, job)
             return
@@ -574,6 +577,9 @@ class DiagnosisEngine:
 # Action types that remedy (an incident's summary is the reason of the first one taken).
 _REMEDIES = frozenset({ActionType.EVICT_NODES, ActionType.RESTART_JOB, ActionType.ROLLBACK_CODE,
                        ActionType.RUN_DIAGNOSTICS})
+_JOBWIDE_HOLD = "jobwide_hold"  # IncidentState.pending while a node's incident waits for the job's other nodes
+
+
 def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
     """The signature catalog has an entry for this line and it says there is nothing to act on (explain's
     info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""

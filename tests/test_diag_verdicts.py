@@ -275,3 +275,32 @@ def test_a_hung_task_inside_the_nvidia_driver_is_the_machine_not_storage(tmp_pat
     _, incidents, actions = _diagnose(spec, tmp_path)
     assert ("run_diagnostics", ("gpu-a03",)) in _strong(actions)
     assert not [i for i in incidents if i.kind == "storage"]
+
+
+def test_hung_tasks_spread_over_a_dozen_nodes_are_one_storage_stall() -> None:
+    """Twelve nodes report a blocked task 30 s apart (khungtaskd checks every 120 s, a stall reaches nodes
+    at different times), steps stop: one job-wide storage incident and a notification, no per-node checks,
+    and the nodes that report after it went quiet are its symptoms too."""
+    nodes = [f"n{i:02d}" for i in range(12)]
+    engine = DiagnosisEngine(Config(), batch=True)
+    engine.set_topology({"job": "j", "tp": 1, "pp": 1, "dp": 12, "cp": 1,
+                         "ranks": {str(i): {"node": n, "gpu": 0} for i, n in enumerate(nodes)}})
+    t0 = 1_700_000_000.0
+    out = []
+    for s in range(120):
+        for r, n in enumerate(nodes):
+            out += engine.observe(schema.StepTiming(ts=t0 + s, job="j", rank=r, node=n, step=s, duration_s=1.0))
+    hung = "INFO: task python3:23101 blocked for more than 120 seconds."
+    late = {n: 1300.0 for n in nodes[-2:]}  # two nodes report long after the others
+    for i, n in enumerate(nodes):
+        ts = t0 + 200 + 30 * i + late.get(n, 0.0)
+        rec = next(iter(KernelParser(year=2024).parse([f"[{ts - t0:.1f}] {hung}"])))
+        out += engine.tick(ts - 1)
+        out += engine.observe(schema.replace(rec, ts=ts, node=n))
+    for k in range(60):
+        out += engine.tick(t0 + 1600 + 20 * k)
+    out += engine.tick(t0 + 3000, final=True)
+    acts = [o for o in out if isinstance(o, schema.Action)]
+    assert [a.type for a in acts] == ["notify"], [(a.type, a.nodes, a.reason[:80]) for a in acts]
+    storage = [i for i in engine.incidents() if i.kind == "storage"]
+    assert len(storage) == 1 and len(storage[0].suspects) == 0
