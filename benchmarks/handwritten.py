@@ -1,11 +1,12 @@
 """Diagnosis on batch directories written by hand in other tools' shapes, end to end.
 
-Each scenario of tests/handwritten.py (22: healthy, Xid 79, ECC DBE, persistent and
+Each scenario of tests/handwritten.py (27: healthy, Xid 79, ECC DBE, persistent and
 flapping IB links, host OOM, a user exception, a silent hang with stacks, a job-wide
 storage stall, NaN loss with and without a culprit, PCIe and thermal slow GPUs, a pure
 fail-slow rank, an 8% straggler, a sequence-length surge, a GPU vanishing from the
 samples, NVLink counters, remap failure / pending flags, an SBE storm, a fabric-wide
-link storm) is written as a batch
+link storm; issue 23's cascades: watchdogs ten minutes after an Xid 48, a storage stall's
+silence, a segfault in libc, an exception on every rank, an informational Xid 63) is written as a batch
 directory and run through `faultlens diagnose DIR --out OUT` as a process, as a user
 would; its actions are judged against what an operator would accept (never one exact
 output). Printed: per scenario the verdict, what was wanted and what came; the share

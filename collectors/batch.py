@@ -250,6 +250,23 @@ def read_job(path: Path) -> JobTopology:
     return schema.from_dict("jobs", obj)
 
 
+def fallback_job(steps: list[StepTiming], nodes: list[str], *, default: str) -> JobTopology:
+    """The job a batch directory without a usable job.json describes: the job its step records name
+    (the most common), its ranks placed where those records say (pure data parallel, GPUs unknown);
+    with no step records, one rank per node directory."""
+    names: dict[str, int] = {}
+    placement: dict[int, str] = {}
+    for s in steps:
+        names[s.job] = names.get(s.job, 0) + 1
+        placement.setdefault(s.rank, s.node)
+    job_name = max(names.items(), key=lambda kv: kv[1])[0] if names else default
+    if not placement:
+        placement = dict(enumerate(sorted(nodes)))
+    ranks = {str(r): {"node": n} for r, n in sorted(placement.items())}
+    return schema.from_dict("jobs", {"v": schema.SCHEMA_VERSION, "ts": 0.0, "job": job_name, "tp": 1, "pp": 1,
+                                     "dp": max(1, len(ranks)), "cp": 1, "order": "tp-cp-dp-pp", "ranks": ranks})
+
+
 def read_batch_dir(path: str | Path, *, year: int | None = None, progress: Progress | None = None) -> BatchInput:
     """Parse a batch directory (see DESIGN.md) into time-ordered records on the job's clock.
 
@@ -277,8 +294,12 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         if _readable(jp, bad):
             try:
                 job = read_job(jp)
-            except (orjson.JSONDecodeError, SchemaError) as exc:
-                bad(jp, 1, str(exc))
+            except orjson.JSONDecodeError as exc:
+                bad(jp, 1, f"not JSON ({exc}); read without it: one job from the step records")
+            except SchemaError as exc:  # "bad_type: tp: bad_type: ..." -> key 'tp' of job.json
+                key = exc.detail.split(":", 1)[0] if exc.detail else ""
+                bad(jp, 1, f"key {key!r}: {exc.reason} ({exc.detail}); read without it: one job from the step "
+                    "records" if key else f"{exc}; read without it: one job from the step records")
             except Exception as exc:  # noqa: BLE001 - a job.json of the wrong shape: read the rest without it
                 bad(jp, 1, reason_of(exc))
     else:
@@ -314,6 +335,11 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         out.gpu.sort(key=_ts)
     if not _is_sorted(out.steps):
         out.steps.sort(key=_ts)
+    if job is None:
+        # No usable job.json (its error is in ``errors``): one job all the same, so that one fault is one
+        # incident, not one under the steps' job name and another under "unknown" for the kernel lines.
+        job = out.job = fallback_job(out.steps, [nd.name for nd in nodes], default=root.name)
+        job_id = job.job
     first_ts: dict[str, float] = {}
     last_ts: dict[str, float] = {}
     for node, samples in gpu_by_node.items():
@@ -527,7 +553,7 @@ def _boot_time(relative: list[KernelEvent], clock: NodeClock, samples: list[GpuS
         seen = _first_change(samples, changes, r.gpu)
         if seen is not None and plausible(seen - r.ts):
             return seen - r.ts, "hardware"
-    exits = {}  # pid -> time the launcher reported the process gone
+    exits: dict[int, float] = {}  # pid -> time the launcher reported the process gone
     for n in nccl:
         m = EXIT_PID_RE.search(n.raw) if "exitcode" in n.raw and not n.fields.get("ts_estimated") else None
         if m:

@@ -43,6 +43,7 @@ from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, pa
     SXID_SEV_RE,
     SYSLOG_ANY_RE,
     SYSLOG_RE,
+    TASK_STATE_RE,
     XID_TAIL_RE,
     YEAR_SYSLOG_RE,
     _iso_ts,
@@ -281,6 +282,8 @@ class KernelParser(FastPathParser):
         msg = head.message
         if ":   " in msg[:48] and DEVICE_DETAIL_RE.match(msg):
             return True  # "pcieport 0000:00:03.1:   device [..] error status/mask=...": the report above
+        if " D " in msg[:48] and TASK_STATE_RE.match(msg):
+            return True  # an older kernel's hung-task report: its task-state line, then the stack
         return msg[:1] in DUMP_CONT_FIRST and DUMP_CONT_RE.match(msg) is not None
 
     def _feed(self, line: str, hot: bool) -> list[KernelEvent]:

@@ -36,7 +36,10 @@ SXID_SEV_RE = re.compile(r"\b(Non-fatal|Fatal|Non-Fatal|fatal)\b")
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 # Lines of a kernel dump (hung task, lockup, oops) that are printed without
 # indentation but belong to the report above them.
-DUMP_CONT_RE = re.compile(r"^(?:Call [Tt]race:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\"|#PF: |PGD |P4D |PUD |PMD |---\[ end (?:trace|Kernel panic)|Kernel Offset: |Workqueue: |pc : |lr : |sp : |x\d+ ?: |Internal error: |Process \S+ \(pid: )")
+DUMP_CONT_RE = re.compile(r"^(?:Call [Tt]race:|<TASK>|</TASK>|<IRQ>|</IRQ>|task:\S+\s+state:|CPU: \d+ (?:PID|UID): |Hardware name: |RIP: |RSP: |RAX: |RDX: |RBP: |R\d+: |FS: |CS: |CR2: |Code: |Modules linked in:|Tainted: |\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\"|#PF: |PGD |P4D |PUD |PMD |---\[ end (?:trace|Kernel panic)|Kernel Offset: |Workqueue: |pc : |lr : |sp : |x\d+ ?: |Internal error: |Process \S+ \(pid: |IP: \[<)")
+# The task-state line of an older kernel's hung-task report, unindented: "nvc:[driver]    D ffff883f2cc43bd8     0
+# 5403   5396 0x00000084" (comm, state D, [task address], stack, pid, ppid, flags).
+TASK_STATE_RE = re.compile(r"^\S.{0,40}?\s D\s+(?:[0-9a-f]{16}\s+)?\d+\s+\d+\s+\d+\s+0x[0-9a-f]+\s*$")
 # The detail lines of a device report (AER): "<driver> <pci id>:" then an indented field.
 DEVICE_DETAIL_RE = re.compile(r"^\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: {2,}\S")
 # An oops's "Oops: 0000 [#1] SMP" line continues the report its first line began.

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from faultlens import flightrec
 from faultlens.config import Config
 from faultlens.diagnosis import hangroot
@@ -50,7 +52,12 @@ from faultlens.diagnosis.policy import (
     unmatched_but_actionable,
 )
 from faultlens.diagnosis.progress import JobProgress, check_hang
-from faultlens.diagnosis.remedy import ADAPTABLE_KINDS, adapt_or_evict, decide_nan
+from faultlens.diagnosis.remedy import (
+    ADAPTABLE_KINDS,
+    NAN_MACHINE_KINDS,
+    adapt_or_evict,
+    decide_nan,
+)
 from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
@@ -92,6 +99,9 @@ class JobState:
     gpu_after: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (node, gpu) -> [n, util, power]
     gpu_epoch: float | None = None  # the last step time gpu_after counts from
     notes: list[Signal] = field(default_factory=list)  # notes waiting for an incident (diagnosis.notes)
+    # informational machine lines that opened no incident (Xid 63, a row marked for remapping): the NaN
+    # search still reads them as evidence on that machine (ts, node, kind, text), the latest few
+    machine_evidence: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property
     def nodes(self) -> list[str]:
@@ -136,6 +146,10 @@ class DiagnosisEngine:
         self._node_job: dict[str, str] = {}
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
+        # job -> slow machine -> (the remedy it got, the incident): one decision per slow machine
+        self._node_gpus: dict[str, set[int]] = {}  # node -> the GPU indexes the job's topology places on it
+        self._quarantined: set[tuple[str, int]] = set()  # (node, GPU index) entries already reported
+        self._slow_remedy: dict[str, dict[str, tuple[str, str]]] = {}
         self._classify = load_classify() if classify == "auto" else classify
         # the same context rules as explain (repeats, derived Xids); a caller-given classify gets none
         self._classify_ctx = new_classify_context() if classify == "auto" else None
@@ -171,6 +185,7 @@ class DiagnosisEngine:
         if isinstance(record, JobTopology):
             self.set_topology(record)
         elif isinstance(record, GpuSample):
+            record = self._known_gpus_only(record)
             for f in self.counters.observe(record):
                 self._file_finding(f)
             job = self._jobs.get(self._node_job.get(record.node, ""))
@@ -208,6 +223,21 @@ class DiagnosisEngine:
         inc.summary = f"open: {inc.state.refused}; a person decides"
         inc.dirty = True
 
+    def _known_gpus_only(self, sample: GpuSample) -> GpuSample:
+        """A GPU entry whose index the node does not have (negative, or outside the GPUs the job's topology
+        places on that node) is quarantined: counted and logged, never read as a GPU that came or was lost."""
+        known = self._node_gpus.get(sample.node)
+        bad = [g for g in sample.gpus if g.index < 0 or (known is not None and g.index not in known)]
+        if not bad:
+            return sample
+        self.counts["quarantined_gpu_entries"] = self.counts.get("quarantined_gpu_entries", 0) + len(bad)
+        for g in bad:
+            if (sample.node, g.index) not in self._quarantined:
+                self._quarantined.add((sample.node, g.index))
+                log.warning("GPU sample of %s names GPU index %d, which the node does not have (known: %s): "
+                            "entry quarantined", sample.node, g.index, sorted(known) if known else "0 and up")
+        return msgspec.structs.replace(sample, gpus=[g for g in sample.gpus if g not in bad])
+
     def add_stacks(self, dumps: Iterable[StackDump]) -> int:
         """Stack dumps known up front (a batch directory's snapshot); they do not move event time."""
         return sum(self._keep_dump(d) for d in dumps)
@@ -231,6 +261,12 @@ class DiagnosisEngine:
         state.topology = topo
         for n in topo.nodes:
             self._node_job[n] = topo.job
+            ranks = topo.ranks_on(n)
+            gpus = {topo.placement[r][1] for r in ranks}
+            if len(gpus) == len(ranks):  # the topology names each rank's GPU: those are the node's known GPUs
+                self._node_gpus[n] = gpus
+            else:
+                self._node_gpus.pop(n, None)
         for det in self.detectors:
             det.set_topology(topo)
         return topo
@@ -246,10 +282,12 @@ class DiagnosisEngine:
 
     def _on_line(self, record: KernelEvent | NcclEvent, job: str) -> None:
         finding = None
+        classified = False  # the catalog read this line (None then means: nothing to act on)
         if self._classify is not None:
             try:
                 finding = self._classify(record, self._classify_ctx) if self._classify_ctx is not None \
                     else self._classify(record)
+                classified = True
             except Exception:
                 log.debug("classify failed on a line", exc_info=True)
         nan_re = self.catalog.nan_patterns
@@ -262,6 +300,16 @@ class DiagnosisEngine:
                 self._on_exception(record, job, fp)
                 return
         signal = self.matcher.match_record(record, job, finding=finding)
+        if signal is not None and finding is None and classified and signal.role != "info" \
+                and _catalog_says_benign(record):
+            # One verdict: the catalog found nothing to act on in this line (an informational entry such as
+            # Xid 63, a row marked for remapping), so it opens no incident here either (explain says none).
+            self.counts["benign_lines"] = self.counts.get("benign_lines", 0) + 1
+            if signal.node and signal.kind in NAN_MACHINE_KINDS:
+                kept = self._job(job).machine_evidence
+                kept.append((signal.ts, signal.node, signal.kind, record.raw[:300]))
+                del kept[:-64]
+            return
         if signal is None and finding is not None and unmatched_but_actionable(record, finding):
             # A signature no policy signal names: one unclassified incident that takes the signature's own
             # action (route action "signature"), under the route's confidence floor and the guard rails.
@@ -290,6 +338,13 @@ class DiagnosisEngine:
         ranks = inc.state.exception_ranks
         ranks.setdefault(fp, set()).add(record.rank if record.rank is not None else hash((record.node, record.pid)))
         self._decide(inc)
+        if "rollback_code" in inc.decided:
+            # decided at the first traceback; the ranks that raised it since are counted on the incident
+            job_state = self._jobs.get(job)
+            world = job_state.topology.world_size if job_state and job_state.topology else None
+            again = self.policy.decide(inc, self.now, world_size=world)
+            if isinstance(again, Decision) and again.type == "rollback_code":
+                inc.summary, inc.confidence, inc.dirty = again.reason, max(inc.confidence, again.confidence), True
 
     def _on_nan_line(self, record: NcclEvent, job_name: str) -> None:
         """A log line saying a rank's loss or gradients went non-finite: a NaN signal naming that rank."""
@@ -368,7 +423,7 @@ class DiagnosisEngine:
         for inc in self.book.open_incidents():
             if inc.kind == "hang":
                 self._hang_workflow(inc, now, final=final)
-            elif not inc.decided and inc.kind != "user_exception":
+            elif not inc.decided:
                 self._decide(inc)
             held = inc.state.notify
             closing = now - inc.updated_ts > self.book.join_gap(inc.kind)
@@ -504,13 +559,22 @@ class DiagnosisEngine:
         if rule is not None and rule.hold_s > 0 and job is not None and len(job.nodes) >= rule.min_nodes \
                 and not self._final and self.now - inc.opened_ts < rule.hold_s:
             inc.state.waiting = f"waiting {rule.hold_s:.0f} s for the job's other nodes ({rule.name})"
+            inc.state.pending = inc.state.pending or _JOBWIDE_HOLD  # not closed as quiet while it waits
             return  # the job's other nodes may report the same within the hold: then it is one shared cause
+        if inc.state.pending == _JOBWIDE_HOLD:
+            inc.state.pending = None
         if inc.kind == "nan_loss":
             self._decide_nan(inc, job)
             return
+        settle = self.steps_cfg.get("exception_settle_s", 10.0)
+        if inc.kind == "user_exception" and not self._final and self.now - inc.opened_ts < settle:
+            inc.state.waiting = f"waiting {settle:.0f} s for the other ranks' tracebacks"
+            return  # the other ranks' tracebacks arrive within seconds: count them before deciding
         world = job.topology.world_size if job and job.topology else None
         decision: Decision | Hold | None = self.policy.decide(inc, self.now, world_size=world)
         if isinstance(decision, Decision) and decision.type == "evict_nodes" and inc.kind in ADAPTABLE_KINDS:
+            if self._one_slow_decision(inc, decision):
+                return
             decision = adapt_or_evict(inc, decision, topology=job.topology if job else None, config=self.config,
                                       now=self.now, final=self._final)
         if isinstance(decision, Hold):
@@ -524,6 +588,24 @@ class DiagnosisEngine:
                 inc.state.notify = decision  # held back: a stronger signal may still arrive
             return
         self._act(inc, decision)
+
+    def _one_slow_decision(self, inc: OpenIncident, decision: Decision) -> bool:
+        """A slow machine gets one decision, adapt or evict: a second incident on it (the step-time model's
+        fail_slow beside the throttle counters' thermal_throttle) joins the one already decided. True: joined."""
+        taken = self._slow_remedy.get(inc.job, {})
+        earlier = [taken[n] for n in decision.nodes if n in taken and taken[n][1] != inc.id]
+        if not decision.nodes or len(earlier) < len(decision.nodes):
+            return False
+        action, host_id = earlier[0]
+        host = self.book.incidents.get(host_id)
+        inc.decided.add(decision.type)
+        inc.status, inc.state.folded_into, inc.state.waiting, inc.dirty = "resolved", host_id, None, True
+        inc.summary = (f"the same slow machine as incident {host_id}, which already took {action}: one decision per "
+                       "slow machine")
+        if host is not None:
+            host.note_muted(inc.kind, f"incident {inc.id} ({inc.kind})", "one_decision_per_slow_machine",
+                            inc.opened_ts, node=inc.node)
+        return True
 
     def _decide_nan(self, inc: OpenIncident, job: JobState | None) -> None:
         if job is None:
@@ -560,6 +642,8 @@ class DiagnosisEngine:
         if verdict.storm:
             inc.summary = f"fabric-level storm: {'; '.join(verdict.notes)}"
         inc.decided.add(d.type)
+        if d.type == "rollback_code":
+            inc.confidence = max(inc.confidence, d.confidence)  # the share of ranks that raised it
         suspects = [s for s in inc.record().suspects]
         action = Action(
             # Deterministic (incident, type): an incident takes each action type once, and a replay or a
@@ -576,8 +660,13 @@ class DiagnosisEngine:
         self._outputs.append(action)
         if d.type != "notify":
             self.book.promote_cause(inc)
+        if d.type == "restart_job":
+            self.book.note_action_cause(inc, "restart_job")
         if d.type == "evict_nodes":
             self._evicted.setdefault(inc.job, set()).update(d.nodes)
+        if d.type in (ActionType.EVICT_NODES, ActionType.ADAPT_PARALLELISM) and inc.kind in ADAPTABLE_KINDS:
+            for node in d.nodes:
+                self._slow_remedy.setdefault(inc.job, {}).setdefault(node, (d.type, inc.id))
         if self.node_health is not None and d.blame:
             for node in d.nodes:
                 self.node_health.record_blame(node, incident_id=inc.id, job=inc.job, kind=inc.kind, ts=self.now)
@@ -662,6 +751,16 @@ def _never_left_hung(decision: Decision, ranking: hangroot.RootRanking | None, i
     if decision.type == "run_diagnostics" and not decision.nodes and best:
         return Decision("run_diagnostics", best, f"{decision.reason}; best-ranked: {', '.join(best)}", decision.confidence)
     return decision
+_JOBWIDE_HOLD = "jobwide_hold"  # IncidentState.pending while a node's incident waits for the job's other nodes
+
+
+def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
+    """The signature catalog has an entry for this line and it says there is nothing to act on (explain's
+    info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""
+    from faultlens.signatures import classify
+
+    c = classify(record)  # stateless: a repeat that escalates already gave a finding
+    return c.rule is not None and (c.benign or c.category == "none")
 
 
 def _mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:

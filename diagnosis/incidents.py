@@ -21,9 +21,15 @@ from faultlens.stream.schema import Incident
 from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE, LineAction
 
 KIND_CATEGORY = INCIDENT_CATEGORY
+# Muted symptoms kept on an incident: one entry per (kind, node, rule) with its count, the first few
+# of them; later distinct ones are folded into one entry per kind (node "*"), so the list stays bounded
+# however long the symptoms keep coming (a hang re-checked every tick, watchdogs from every rank).
+MAX_MUTED_ENTRIES = 8
+RECOVERED_KIND = "ib_link_recovered"  # policy.toml ib_link_up_kind: the link is back
 KIND_TITLE = INCIDENT_TITLE
 MAX_EVIDENCE = 40
 # Per-line actions from the mildest to the strongest: an incident remembers the strongest its lines carried.
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
 LINE_ACTION_ORDER = (LineAction.NONE, LineAction.NOTIFY, LineAction.ROLLBACK_CODE, LineAction.RESTART_JOB,
                      LineAction.RESET_GPU, LineAction.RUN_DIAGNOSTICS, LineAction.EVICT_NODE)
 
@@ -112,6 +118,10 @@ class IncidentState:
     # the guard refused the remedy decided (cap, breaker, storm, confidence): the incident stays open with
     # this reason until a remedy goes out or a person closes it, never "mitigated" by the notify it got
     refused: str | None = None
+    # the strongest severity of the signals behind the incident (a line's catalog severity, a counter's)
+    severity: str | None = None
+    # network alert: when the link came back up (a tolerated flap, resolved until it repeats)
+    recovered_ts: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"exception_ranks": {k: sorted(v) for k, v in self.exception_ranks.items()},
@@ -119,7 +129,8 @@ class IncidentState:
                 "requested_ts": self.requested_ts, "corroborated_by": list(self.corroborated_by),
                 "is_cause": self.is_cause, "affected_nodes": list(self.affected_nodes),
                 "folded_into": self.folded_into, "nan_search": self.nan_search, "waiting": self.waiting,
-                "line_action": self.line_action, "signature": self.signature, "refused": self.refused}
+                "line_action": self.line_action, "signature": self.signature, "refused": self.refused,
+                "severity": self.severity, "recovered_ts": self.recovered_ts}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IncidentState:
@@ -134,7 +145,8 @@ class IncidentState:
                    requested_ts=d.get("requested_ts"), corroborated_by=list(d.get("corroborated_by") or []),
                    is_cause=bool(d.get("is_cause", False)), affected_nodes=list(d.get("affected_nodes") or []),
                    folded_into=d.get("folded_into"), nan_search=d.get("nan_search"), waiting=d.get("waiting"),
-                   line_action=d.get("line_action"), signature=d.get("signature"), refused=d.get("refused"))
+                   line_action=d.get("line_action"), signature=d.get("signature"), refused=d.get("refused"),
+                   severity=d.get("severity"), recovered_ts=d.get("recovered_ts"))
 
 
 @dataclass
@@ -174,6 +186,28 @@ class OpenIncident:
     @property
     def category(self) -> str:
         return KIND_CATEGORY.get(self.kind, "unknown")
+
+    def note_muted(self, kind: str, item: str, by_rule: str, ts: float, *, node: str | None = None,
+                   rank: int | None = None) -> None:
+        """Keep one muted symptom: counted by kind, the first few distinct ones shown (bounded)."""
+        for m in self.muted:
+            if m.get("kind") == kind and m.get("by_rule") == by_rule and m.get("node") in (node, "*"):
+                m["count"] = int(m.get("count", 1)) + 1
+                m["last_ts"] = ts
+                return
+        if len(self.muted) >= MAX_MUTED_ENTRIES:
+            node, rank, item = "*", None, f"{kind}: further muted symptoms of this kind"
+        self.muted.append({"item": item, "by_rule": by_rule, "ts": ts, "node": node, "rank": rank, "kind": kind,
+                           "count": 1})
+        self.dirty = True
+
+    def muted_counts(self) -> dict[str, int]:
+        """How many symptoms of each kind this incident explains."""
+        counts: dict[str, int] = {}
+        for m in self.muted:
+            k = str(m.get("kind") or str(m.get("item", "")).split(":", 1)[0])
+            counts[k] = counts.get(k, 0) + int(m.get("count", 1))
+        return counts
 
     def alerts_within(self, now: float, window_s: float) -> int:
         return sum(1 for b in self.bursts for t in b.alerts if now - window_s <= t <= now)
@@ -232,6 +266,14 @@ class OpenIncident:
                    decided=set(d.get("decided") or []), summary=d.get("summary", ""),
                    bursts=bursts, state=IncidentState.from_dict(d.get("state") or {}))
 
+    def severity(self) -> str:
+        """critical for a machine fault whose signals say so or that was acted on; else warning (one verdict:
+        a line explain calls a warning, such as a link flap that recovered, is not the fleet's worst incident)."""
+        if self.role not in ("cause", "alert"):
+            return "warning"
+        acted = bool(self.actions) and bool(self.decided - {"notify"})
+        return "critical" if acted or self.state.severity in (None, "critical") else "warning"
+
     def record(self) -> Incident:
         suspects = []
         for s in self.top_suspects():
@@ -245,7 +287,7 @@ class OpenIncident:
         return Incident(
             id=self.id, job=self.job, opened_ts=self.opened_ts, updated_ts=self.updated_ts, status=self.status,
             category=self.category, kind=self.kind, title=KIND_TITLE.get(self.kind, self.kind) + where,
-            severity="critical" if self.role in ("cause", "alert") else "warning", confidence=round(self.confidence, 4),
+            severity=self.severity(), confidence=round(self.confidence, 4),
             suspects=suspects, evidence=list(self.evidence), muted=list(self.muted), actions=list(self.actions),
             suppressed=list(self.suppressed), suppressed_counts=dict(self.suppressed_counts), summary=self.summary or f"{self.evidence_count} signal(s)",
         )
@@ -281,6 +323,12 @@ class IncidentBook:
         key = (signal.job, node_key, signal.kind)
         existing_id = self._by_key.get(key)
         existing = self.incidents.get(existing_id) if existing_id else None
+        if signal.kind == RECOVERED_KIND:
+            self._recovered(signal)
+            return None
+        if existing is not None and existing.state.recovered_ts is not None and existing.status == "resolved" \
+                and not existing.actions and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
+            existing.status, existing.state.recovered_ts, existing.dirty = "open", None, True  # it flaps again
         if existing is not None and existing.status == "open" and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
             burst, _ = self.bursts.add(signal.job, node_key, signal.kind, signal.ts, signal.rule, alert=signal.role == "alert")
             if burst not in existing.bursts:
@@ -298,10 +346,9 @@ class IncidentBook:
                 host.state.corroborated_by.append(rule)
                 return host
             self.muted_count += 1
-            if host is not None and len(host.muted) < MAX_EVIDENCE:
-                host.muted.append({"item": f"{signal.kind}: {signal.text[:300]}", "by_rule": rule, "ts": signal.ts,
-                                   "node": signal.node, "rank": signal.rank})
-                host.dirty = True
+            if host is not None:
+                host.note_muted(signal.kind, f"{signal.kind}: {signal.text[:300]}", rule, signal.ts,
+                                node=signal.node, rank=signal.rank)
             return None
         if signal.role == "info":
             return None
@@ -318,6 +365,8 @@ class IncidentBook:
 
     def _absorb(self, inc: OpenIncident, signal: Signal) -> None:
         inc.add_evidence(signal)
+        if SEVERITY_ORDER.get(signal.severity, 2) > SEVERITY_ORDER.get(inc.state.severity or "", -1):
+            inc.state.severity = signal.severity
         if signal.action is not None:
             strongest = stronger_line_action(inc.state.line_action, signal.action)
             if strongest != inc.state.line_action:
@@ -335,12 +384,30 @@ class IncidentBook:
                 reason += f" (blamed in {prior} earlier incident(s))"
             inc.suspect(signal.node, score, reason, gpu=signal.gpu, rank=signal.rank)
 
+    def _recovered(self, signal: Signal) -> None:
+        """The link came back up: its open alert incident (nothing acted on yet) is a tolerated warning,
+        resolved; a second down within the network window reopens it and counts as a repeat."""
+        for inc in self.open_incidents(signal.job):
+            if inc.kind != "ib_link" or inc.node != signal.node or inc.actions or signal.ts < inc.opened_ts:
+                continue
+            inc.state.recovered_ts = signal.ts
+            inc.state.severity = "warning"
+            inc.status, inc.dirty = "resolved", True
+            inc.summary = (f"network alert not repeated: tolerated (link back up {signal.ts - inc.updated_ts:.0f} s "
+                           "later)")
+
     def promote_cause(self, inc: OpenIncident) -> None:
         """A job-level incident that was acted on (user exception -> rollback) now explains symptoms too."""
         if inc.state.is_cause or inc.role in ("cause", "alert"):
             return
         inc.state.is_cause = True
         self.inhibitor.note_cause(Cause(inc.kind, inc.job, inc.node, inc.opened_ts, inc.id))
+        self._mute_existing(inc)
+
+    def note_action_cause(self, inc: OpenIncident, action: str) -> None:
+        """An action taken on ``inc`` explains symptoms of its own (inhibit.toml names the action type as a
+        source kind: a job restarted for a crash explains the silence of its steps)."""
+        self.inhibitor.note_cause(Cause(action, inc.job, inc.node, inc.opened_ts, inc.id))
         self._mute_existing(inc)
 
     def _mute_existing(self, cause_inc: OpenIncident) -> None:
@@ -354,8 +421,8 @@ class IncidentBook:
                 other.status = "resolved"
                 other.summary = f"muted by {muted[0]}: explained by incident {cause_inc.id} ({cause_inc.kind})"
                 other.dirty = True
-                cause_inc.muted.append({"item": f"incident {other.id} ({other.kind})", "by_rule": muted[0],
-                                        "ts": other.opened_ts, "node": other.node})
+                cause_inc.note_muted(other.kind, f"incident {other.id} ({other.kind})", muted[0], other.opened_ts,
+                                     node=other.node)
                 self.muted_count += 1
 
     def job_incident(self, job: str, kind: str, ts: float, *, role: str = "job", confidence: float = 0.5,

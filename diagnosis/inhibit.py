@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.errors import CatalogError
@@ -39,7 +40,8 @@ def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
     for i, entry in enumerate(load_toml(path).get("rule", [])):
         name = str(entry.get("name", f"#{i}"))
         try:
-            rule = InhibitRule(**{k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()})
+            fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+            rule = InhibitRule(**fields)
         except TypeError as exc:
             raise CatalogError(str(exc), file=str(path), entry=name) from None
         if rule.scope not in ("job", "node"):

@@ -16,7 +16,6 @@ Two halves, both data:
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,9 +139,9 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
                                   network_alerts_to_evict if network_alerts_to_evict is not None else r.repeat,
                                   network_window_s if network_window_s is not None else r.window_s, r.min_rank_fraction)
     jobwide = load_jobwide(list(data.get("jobwide", [])), path)
-    for rule in jobwide:
-        if rule.kind not in routes:
-            raise CatalogError(f"kind {rule.kind!r} has no [route.{rule.kind}]", file=str(path), entry=rule.name)
+    for jw in jobwide:
+        if jw.kind not in routes:
+            raise CatalogError(f"kind {jw.kind!r} has no [route.{jw.kind}]", file=str(path), entry=jw.name)
     nan_patterns = None
     if data.get("nan", {}).get("patterns"):
         try:
@@ -152,6 +151,8 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
     return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
 
 
+# Per-line actions that say: act on this machine (an eviction below its confidence becomes stop-time checks).
+_MACHINE_LINE_ACTIONS = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU})
 # Per-line actions that make an unmatched kernel line an incident of its own (notify-only lines do not).
 _KERNEL_ACTIONABLE = frozenset({LineAction.EVICT_NODE, LineAction.RUN_DIAGNOSTICS, LineAction.RESET_GPU,
                                 LineAction.RESTART_JOB})
@@ -246,6 +247,12 @@ class Policy:
             return Decision("evict_nodes", top_nodes, f"{alerts} network alerts within {route.window_s:.0f} s on "
                             f"{', '.join(top_nodes)}", conf)
         if route.action == "evict_nodes":
+            if conf < route.min_confidence and top_nodes and inc.state.line_action in _MACHINE_LINE_ACTIONS:
+                # One verdict: the line's catalog entry says act on this machine; below the confidence to
+                # evict, the machine is drained for stop-time checks (what explain's reset_gpu means here).
+                return Decision("run_diagnostics", top_nodes, f"{inc.kind} below the confidence to evict "
+                                f"({conf:.2f} < {route.min_confidence:.2f}); signature {inc.state.signature} says "
+                                f"{inc.state.line_action}: stop-time diagnostics on {', '.join(top_nodes)}", conf)
             if conf < route.min_confidence or not top_nodes:
                 return Decision("notify", top_nodes, f"{inc.kind} below the confidence to evict "
                                 f"({conf:.2f} < {route.min_confidence:.2f})", conf)
@@ -253,7 +260,7 @@ class Policy:
             return Decision("evict_nodes", top_nodes, f"explicit machine fault ({what}) on {', '.join(top_nodes)}", conf)
         if conf < route.min_confidence:
             return Decision("notify", top_nodes, f"{inc.kind} uncertain ({conf:.2f})", conf)
-        reasons = {
+        reasons: dict[str, str] = {
             ActionType.RESTART_JOB: f"{inc.kind}: transient or process-level fault, restart in place",
             ActionType.RUN_DIAGNOSTICS: f"{inc.kind}: no clear culprit, run stop-time diagnostics",
             ActionType.NOTIFY: f"{inc.kind}: a person should look",
@@ -343,10 +350,12 @@ def _top_nodes(suspects: list[dict[str, Any]]) -> tuple[str, ...]:
 def _ranges(ranks: list[int]) -> str:
     if not ranks:
         return "-"
-    out, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [math.inf]:  # type: ignore[list-item]
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:]:
         if r != prev + 1:
             out.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = r
         prev = r
+    out.append(f"{start}" if start == prev else f"{start}-{prev}")
     return ",".join(out)

@@ -79,7 +79,8 @@ def adapt_or_evict(inc: OpenIncident, decision: Decision, *, topology: Topology 
 
 
 def nan_culprits(inc: OpenIncident, nan: NanWatch, topology: Topology | None,
-                 incidents: Iterable[OpenIncident]) -> tuple[dict[str, str], str]:
+                 incidents: Iterable[OpenIncident],
+                 evidence: Iterable[tuple[float, str, str, str]] = ()) -> tuple[dict[str, str], str]:
     """NaN/Inf loss: node -> why it is suspected (marked on the incident as suspects), and what the
     search found when no machine is named. A rank that went bad first, then ECC/Xid/GPU evidence
     on one of the job's machines within ``NAN_WINDOW_S`` of the NaN."""
@@ -96,6 +97,11 @@ def nan_culprits(inc: OpenIncident, nan: NanWatch, topology: Topology | None,
             reason = f"{other.kind} on {other.node} in the window (incident {other.id})"
             culprits.setdefault(other.node, reason)
             inc.suspect(other.node, 0.85, reason)
+    for ts, node, kind, text in evidence:  # informational lines that opened no incident (Xid 63)
+        if abs(ts - inc.opened_ts) <= NAN_WINDOW_S and (topology is None or node in topology.nodes):
+            reason = f"{kind} evidence on {node} in the window (an informational line: {text.strip()[:120]})"
+            culprits.setdefault(node, reason)
+            inc.suspect(node, 0.8, reason)
     return culprits, why
 
 
@@ -112,7 +118,7 @@ def decide_nan(inc: OpenIncident, job: JobState, policy: Policy, incidents: Iter
     if wait_s > 0:
         inc.state.waiting = f"waiting {wait_s:.0f} s more for every rank's steps before naming the first"
         return None
-    culprits, why = nan_culprits(inc, job.nan, job.topology, incidents)
+    culprits, why = nan_culprits(inc, job.nan, job.topology, incidents, getattr(job, "machine_evidence", ()))
     inc.state.nan_search = "culprit" if culprits else why
     inc.state.waiting = None
     if culprits and set(culprits) <= evicted:  # the machine's own incident already evicted it: explained

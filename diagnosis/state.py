@@ -54,7 +54,7 @@ MARK_KEY = "~mark"
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters", "guard_log", "on_suppressed"})
 DYNAMIC = ("book", "counters._gpus", "counters._present", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
-           "_evicted", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
+           "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
 
 
 def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:

@@ -363,7 +363,7 @@ def score_real_logs(directory: str) -> dict:
     import json
     from pathlib import Path
 
-    from faultlens.diagnosis.classify import most_significant
+    from faultlens.diagnosis.classify import UNRECOGNISED, most_significant
 
     rows = []
     total_lines = unrecognised = 0
@@ -375,7 +375,7 @@ def score_real_logs(directory: str) -> dict:
             explained = list(explain_lines(lines, source))
             total_lines += len(explained)
             unrecognised += sum(1 for e in explained if e.c.rule is None)
-            v = most_significant(e.c for e in explained if e.c.rule != "empty")
+            v = most_significant(e.c for e in explained if e.c.rule != "empty") or UNRECOGNISED  # an empty sample
             problems = []
             if source == "kernel":
                 want_cat = KERNEL_CATEGORY.get(lab["category"], lab["category"])

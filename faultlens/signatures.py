@@ -86,16 +86,23 @@ class Classification:
     def benign(self) -> bool:
         return self.action == "none" and self.severity == "info"
 
-    def priority(self) -> tuple[int, int, int, int]:
+    def priority(self) -> tuple[int, int, int, int, int]:
         """Sort key: the most significant classification of a group is the max.
 
-        Severity first; then a cause over a companion that reports on it; then a
+        Severity first; then a cause over a companion that reports on it; then the stronger action (a
+        remap failure that retires the GPU over the DBE that asked for a reset, or over a GPU that did
+        not come back up after it: the line that decides what happens to the machine); then a
         named category over none/unknown; then a machine fault over a software one
         (at equal severity the machine fault is the actionable root cause).
         """
-        return (_SEV_RANK[self.severity], 0 if self.companion else 1,
+        return (_SEV_RANK[self.severity], 0 if self.companion else 1, _ACTION_RANK.get(self.action, 0),
                 0 if self.category in ("none", "unknown") else 1, 0 if self.category == "user_software" else 1)
 
+
+# Per-line actions from the mildest to the strongest (most_significant: the stronger one speaks for a group).
+_ACTION_RANK: dict[str, int] = {a: i for i, a in enumerate((
+    LineAction.NONE, LineAction.NOTIFY, LineAction.ROLLBACK_CODE, LineAction.RESTART_JOB, LineAction.RESET_GPU,
+    LineAction.RUN_DIAGNOSTICS, LineAction.EVICT_NODE))}
 
 UNRECOGNISED = Classification("unknown", "info", "none", "Not recognised by any faultlens catalog.", None, fault="unknown")
 

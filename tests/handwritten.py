@@ -288,6 +288,28 @@ def scenarios() -> list[Spec]:
         Spec("remap_pending_flag", Expect(forbid=("evict_nodes",), text="no eviction (a pending remap wants a reset)"),
              gpu_hooks=[_hook_remap_pending]),
         Spec("sbe_storm", Expect(forbid=("evict_nodes",), text="no eviction (correctable errors)"), gpu_hooks=[_hook_sbe]),
+        # issue 23: a fault explains its symptoms; one verdict per fault
+        Spec("xid48_then_watchdogs", Expect(any_of=(("evict_nodes", ("gpu-a04",)), ("run_diagnostics", ("gpu-a04",))),
+                                            forbid=("restart_job",), text="gpu-a04 only (the watchdogs are its symptoms)"),
+             stop_at=252, kernel=[("gpu-a04", at(250) + 1, "NVRM: Xid (PCI:0000:48:00): 48, pid=30211, name=python3, An "
+                                   "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+                                   "partition 6, subpartition 0.")],
+             nccl=[(NODES[r // 8], w.replace("16:01:", "16:15:")) for r, (_, w) in enumerate(watchdogs)]),
+        Spec("storage_silence", Expect(any_of=(("notify", None),), forbid=("evict_nodes", "run_diagnostics"),
+                                       text="job-wide notify (the silence is the stall's)"), stop_at=160,
+             kernel=[("*", at(158) + i * 7, m) for i, m in enumerate([
+                 "nfs: server 10.1.0.5 not responding, still trying", "INFO: task python3:23101 blocked for more than 120 seconds.",
+                 "      Tainted: P           OE     5.15.0-91-generic #101-Ubuntu",
+                 "\"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message."])]),
+        Spec("segfault_in_libc", Expect(any_of=(("restart_job", None),), forbid=("evict_nodes", "run_diagnostics"),
+                                        text="restart (the silence is the crash's)"), stop_at=200,
+             kernel=[("gpu-a02", at(200), "python3[30211]: segfault at 0 ip 00007f3a2c8e1a40 sp 00007ffd5b2c1e28 error 4 in "
+                      "libc.so.6[7f3a2c800000+195000]")]),
+        Spec("exception_every_rank", Expect(any_of=(("rollback_code", None),), forbid=("evict_nodes",), text="rollback"),
+             stop_at=180, nccl=[(NODES[r // 8], _traceback(r)) for r in range(32)]),
+        Spec("xid63_informational", Expect(nothing=True, text="nothing (a row marked for remapping)"),
+             kernel=[("gpu-a02", at(100), "NVRM: Xid (PCI:0000:38:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: "
+                      "New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate.")]),
         Spec("fabric_storm", Expect(forbid=("evict_nodes",), text="no eviction (every node's IB link at once)"),
              stop_at=260, kernel=[(n, at(250) + i * 0.3 + k * 20, f"mlx5_core 0000:0{c}:00.0 ib{c}: Link {'down' if k % 2 == 0 else 'up'}")
                                   for i, n in enumerate(NODES) for c in range(2) for k in range(4)]),

@@ -325,6 +325,12 @@ def render_batch_report(path: Path, incidents: list[Any], actions: list[Any], de
         for e in i.evidence[:5]:
             lines.append(f"  - `{e.get('source')}` {e.get('node', '')} {e.get('text', '')[:160].splitlines()[0] if e.get('text') else ''}")
         if i.muted:
-            lines.append(f"- muted {len(i.muted)} symptom(s), e.g. {i.muted[0]['item'][:120]} (rule {i.muted[0]['by_rule']})")
+            counts: dict[str, int] = {}
+            for m in i.muted:
+                k = str(m.get("kind") or str(m.get("item", "")).split(":", 1)[0])
+                counts[k] = counts.get(k, 0) + int(m.get("count", 1))
+            by_kind = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            lines.append(f"- muted {sum(counts.values())} symptom(s) ({by_kind}), e.g. {i.muted[0]['item'][:120]} "
+                         f"(rule {i.muted[0]['by_rule']})")
         lines.append("")
     return "\n".join(lines) + "\n"

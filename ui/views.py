@@ -146,8 +146,9 @@ def evidence_table(timeline: pl.DataFrame) -> pl.DataFrame:
 
 def muted(inc: dict[str, Any]) -> pl.DataFrame:
     """What the incident muted as its symptoms, and the inhibit rule that muted each."""
-    rows = [{"item": str(m.get("item", "")), "by_rule": str(m.get("by_rule", ""))} for m in inc.get("muted", [])]
-    return pl.DataFrame(rows, schema={"item": pl.String, "by_rule": pl.String})
+    rows = [{"item": str(m.get("item", "")), "by_rule": str(m.get("by_rule", "")), "count": int(m.get("count", 1))}
+            for m in inc.get("muted", [])]
+    return pl.DataFrame(rows, schema={"item": pl.String, "by_rule": pl.String, "count": pl.Int64})
 
 
 def job_topology(con: duckdb.DuckDBPyConnection, job: str, *, at_ts: float | None = None) -> Topology | None:
