@@ -213,7 +213,9 @@ def test_time_axes_read_as_24_hour_times_and_legends_never_null(con, inc: dict) 
 
     timeline = views.evidence_timeline(con, inc)
     ev = charts.evidence_chart(timeline).to_dict()
-    assert ev["encoding"]["x"]["axis"]["format"] == "%H:%M"  # 10 minutes of evidence within one day
+    assert ev["encoding"]["x"]["axis"]["format"] == "%H:%M:%S"  # 10 minutes of evidence: ticks under a minute apart
+    hours = pl.DataFrame({"time": [dt.datetime(2025, 3, 3, 9), dt.datetime(2025, 3, 3, 13)]})
+    assert charts.time_x(hours).to_dict()["axis"]["format"] == "%H:%M"  # hours within one day
     short = timeline.filter(pl.col("ts") < FAULT_TS + 1)
     assert charts.time_x(short).to_dict()["axis"]["format"] == "%H:%M:%S.%L"  # not ".800 .800 .400"
     days = pl.DataFrame({"time": [dt.datetime(2025, 3, 3, 23), dt.datetime(2025, 3, 4, 1)]})

@@ -31,7 +31,7 @@ def time_x(frame: pl.DataFrame, field: str = "time", **kw: object) -> alt.X:
         fmt = "%b %d %H:%M"
     elif span < 10:
         fmt = "%H:%M:%S.%L"
-    elif span < 600:
+    elif span < 3600:  # ticks less than a minute apart: minutes alone would repeat (09:40 09:40)
         fmt = "%H:%M:%S"
     else:
         fmt = "%H:%M"
