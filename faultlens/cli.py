@@ -33,7 +33,14 @@ COMMANDS = {
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Examples kept as written; each default said once: not where the help text already
+    says it ("default: lake.path"), nor for None (no default) or a flag's False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

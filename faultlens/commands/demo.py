@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlens.argtypes import positive_float, positive_int
 from faultlens.config import Config
 
 HELP = __doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else "run the demo"
@@ -29,14 +30,14 @@ EXAMPLE = "faultlens demo --nodes 16 --speed 20 --workdir demo-run"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=16, help="virtual nodes (8 GPUs each)")
-    p.add_argument("--speed", type=float, default=20.0, help="simulated seconds per real second")
-    p.add_argument("--segment", type=float, default=300.0, help="simulated seconds per injected fault")
+    p.add_argument("--nodes", type=positive_int, default=16, help="virtual nodes (8 GPUs each)")
+    p.add_argument("--speed", type=positive_float, default=20.0, help="simulated seconds per real second")
+    p.add_argument("--segment", type=positive_float, default=300.0, help="simulated seconds per injected fault")
     p.add_argument("--workdir", default="demo-run", help="lake, catalogs, logs and virtual nodes' files")
     p.add_argument("--no-ui", action="store_true", help="do not start the Streamlit explorer")
     p.add_argument("--port", type=int, default=None, help="explorer port (default: [ui] port, or a free one)")
     p.add_argument("--keep", action="store_true", help="keep an existing workdir (default: start afresh)")
-    p.add_argument("--exit-after-s", type=float, default=None,
+    p.add_argument("--exit-after-s", type=positive_float, default=None,
                    help="stop by itself after this many seconds (default: run until Ctrl-C)")
     # The terminal is for incidents and actions; library chatter (kafka-python's INFO
     # lines) only when asked for with --log-level INFO or DEBUG.

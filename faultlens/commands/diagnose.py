@@ -130,6 +130,10 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
 
         data = _read_batch(path, read_progress)
         records = list(data.records())
+        if not records:  # nothing to diagnose is an error, not an empty report
+            why = f" (e.g. {data.errors[0]})" if data.errors else ""
+            raise ConfigError(f"{path}: no input records: expected job.json, nodes/<node>/ logs or steps/*.jsonl "
+                              f"(docs/design.md, batch input){why}")
         gc.freeze()  # the records live to the end: later collections need not rescan millions of them
         t1 = time.perf_counter()
         health = NodeHealth(health_path) if health_path else None
