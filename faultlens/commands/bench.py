@@ -18,6 +18,7 @@ EXAMPLE = "faultlens bench --quick --only ingest,diagnosis --out bench.jsonl"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the smaller version of each benchmark (under a minute each)")
+    p.add_argument("--smoke", action="store_true", help="each benchmark's seconds-long check that it still runs")
     p.add_argument("--only", default="", help="comma-separated benchmark names (file stems)")
     p.add_argument("--dir", default=None, help="benchmarks folder (default: ./benchmarks or the source tree's)")
     p.add_argument("--out", default=None, help="append each benchmark's JSON line to this file")
@@ -42,9 +43,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     table = Table("benchmark", "seconds", "headline figures")
     failed = 0
     for script in scripts:
-        console.print(f"[bold]running[/] {script.name}{' --quick' if args.quick else ''}")
+        mode = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
+        console.print(f"[bold]running[/] {script.name} {' '.join(mode)}")
         start = time.monotonic()
-        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, str(script), *mode]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:
