@@ -80,6 +80,26 @@ def build_parser(names: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def command_name() -> str:
+    """How to run faultlens again from a new shell in this directory: ``faultlens`` when that is on
+    PATH and is this installation, else this installation's script (``.venv/bin/faultlens``)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    here = Path(sys.executable).with_name("faultlens")
+    found = shutil.which("faultlens")
+    if found and here.exists() and Path(found).resolve() == here.resolve():
+        return "faultlens"
+    if here.exists():
+        try:
+            rel = os.path.relpath(here)
+        except ValueError:  # another drive
+            rel = str(here)
+        return rel if not rel.startswith("..") else str(here)
+    return f"{sys.executable} -m faultlens.cli"
+
+
 def _module(name: str):  # noqa: ANN202 - a module or None
     try:
         return importlib.import_module(f"faultlens.commands.{name}")

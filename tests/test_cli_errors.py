@@ -83,3 +83,15 @@ def test_explain_names_the_file_on_every_line_and_reads_a_pipe(tmp_path: Path) -
     assert all(line.startswith(("a.log:", "b.log:")) for line in lines), lines
     piped = _faultlens("explain", stdin=XID79)
     assert piped.returncode == 0 and "Xid 79" in piped.stdout and piped.stdout.split()[0] == "1"
+
+
+def test_the_command_to_run_again_works_in_a_new_shell(tmp_path: Path) -> None:
+    """The demo's last line names a command a new shell can run (no activated venv needed)."""
+    from faultlens.cli import command_name
+
+    name = command_name()
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
+    env["PATH"] = "/usr/bin:/bin"  # a fresh shell: the venv is not on PATH
+    got = subprocess.run(f"{name} --version", shell=True, capture_output=True, text=True, env=env, cwd=Path.cwd(),
+                         timeout=60)
+    assert got.returncode == 0 and got.stdout.startswith("faultlens"), (name, got.stderr)

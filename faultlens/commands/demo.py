@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if not args.no_ui:
             port = args.port or _free_port(config.ui.port)
             sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
-            console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {workdir / 'logs'})")
+            console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {esc(workdir / 'logs')})")
         start_pipeline(sup, nodes=args.nodes, speed=args.speed, segment=args.segment, workdir=workdir)
         per_job, spare = demo_fleet(args.nodes, len(DEMO_FAULTS))
         console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x: {len(DEMO_FAULTS)} jobs of "
@@ -243,5 +243,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         sup.stop()
         if broker is not None:
             broker.stop()
-        console.print(f"lake kept at {workdir / 'lake'} (faultlens ui --lake {workdir / 'lake'})")
+        from faultlens.cli import command_name
+
+        console.print(f"lake kept at {esc(workdir / 'lake')}; explore it again with: "
+                      f"{esc(command_name())} ui --lake {esc(workdir / 'lake')}")
     return 0

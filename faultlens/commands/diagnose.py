@@ -19,7 +19,7 @@ EXAMPLE = "faultlens diagnose ./run-dir --out ./diag      # batch\n  faultlens d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", nargs="?", help="batch input directory (DESIGN.md); omit to run online")
+    parser.add_argument("dir", nargs="?", help="batch input directory (docs/design.md, Batch directory); omit to run online")
     parser.add_argument("--out", help="output directory for the batch outputs (default: DIR/diagnosis)")
     parser.add_argument("--detectors", default="auto",
                         help="comma-separated detectors from models/ (failslow, peer), 'none', or 'auto' (all installed)")
@@ -133,7 +133,7 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
         if not records:  # nothing to diagnose is an error, not an empty report
             why = f" (e.g. {data.errors[0]})" if data.errors else ""
             raise ConfigError(f"{path}: no input records: expected job.json, nodes/<node>/ logs or steps/*.jsonl "
-                              f"(docs/design.md, batch input){why}")
+                              f"(docs/design.md, Batch directory){why}")
         gc.freeze()  # the records live to the end: later collections need not rescan millions of them
         t1 = time.perf_counter()
         health = NodeHealth(health_path) if health_path else None

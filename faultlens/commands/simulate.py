@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from faultlens.datasets.faults import SCENARIO_KINDS
 
     sc = sub.add_parser("scenario", help="one scenario -> batch directory + truth.json",
-                        description="Write one simulated run as a batch directory (docs/design.md, batch input) with truth.json.",
+                        description="Write one simulated run as a batch directory (docs/design.md, Batch directory) with truth.json.",
                         epilog="example:\n  faultlens simulate scenario --fault thermal_throttle --nodes 8 --out runs/t1",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("--fault", default="healthy", choices=SCENARIO_KINDS, help="fault kind to inject")

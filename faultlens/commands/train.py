@@ -3,7 +3,7 @@
 Sources (one or both):
 
 * ``--suite DIR``: a simulator suite (``faultlens simulate suite``): every
-  subdirectory is a batch directory (DESIGN.md) with its truth.json beside the
+  subdirectory is a batch directory (docs/design.md) with its truth.json beside the
   inputs; DIR itself may be one batch directory.
 * ``--from-lake LAKE``: incidents whose ``root_cause`` a person set in the
   explorer, with the telemetry of their job around them from the lake.
