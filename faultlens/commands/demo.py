@@ -85,7 +85,8 @@ def start_pipeline(sup: Any, *, nodes: int, speed: float, segment: float, workdi
 def _incident_line(data: dict[str, Any]) -> str:
     sus = ", ".join(f"{s.get('node')}" + (f" gpu {s['gpu']}" if s.get("gpu") is not None else "")
                     for s in data.get("suspects", [])[:4])
-    return (f"[bold red]INCIDENT[/] {esc(data.get('id'))} [{esc(data.get('status'))}] {esc(data.get('severity'))} "
+    status = f"[{data.get('status')}]"
+    return (f"[bold red]INCIDENT[/] {esc(data.get('id'))} {esc(status)} {esc(data.get('severity'))} "
             f"{esc(data.get('category'))}/{esc(data.get('kind'))}: {esc(data.get('title'))}"
             + (f"  suspects: {esc(sus)}" if sus else ""))
 
