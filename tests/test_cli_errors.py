@@ -52,6 +52,13 @@ def _cases(lake: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["simulate", "suite", "--n", "0", "--out", out], "argument --n: 0 is not a positive"),
         (["demo", "--nodes", "-1"], "argument --nodes: -1 is not a positive"),
         (["explain", str(tmp / "missing.log")], "missing.log"),
+        (["stream", "--flush-rows", "-1"], "argument --flush-rows: -1 is not a positive"),
+        (["stream", "--exit-when-idle-s", "0"], "argument --exit-when-idle-s: 0 is not a positive"),
+        (["agent", "--duration-s", "-1"], "argument --duration-s: -1 is not a positive"),
+        (["runner", "--duration-s", "nan"], "argument --duration-s: nan is not a positive"),
+        (["train", "--n-estimators", "0"], "argument --n-estimators: 0 is not a positive"),
+        (["bench", "--only", "nosuch"], "--only nosuch: no such benchmark"),
+        (["diagnose", "--detectors", "bogus", str(tmp / "empty")], "unknown or uninstalled detectors: bogus"),
     ]
 
 

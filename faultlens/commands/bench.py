@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from faultlens.argtypes import positive_float
 from faultlens.config import Config
 from faultlens.errors import ConfigError
 
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default="", help="comma-separated benchmark names (file stems)")
     p.add_argument("--dir", default=None, help="benchmarks folder (default: ./benchmarks or the source tree's)")
     p.add_argument("--out", default=None, help="append each benchmark's JSON line to this file")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per-benchmark time limit")
+    p.add_argument("--timeout-s", type=positive_float, default=1800.0, help="per-benchmark time limit")
 
 
 def _bench_dir(arg: str | None) -> Path:
@@ -39,6 +40,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     folder = _bench_dir(args.dir)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_") and (not only or p.stem in only))
+    unknown = only - {p.stem for p in scripts}
+    if unknown:
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_")))
+        raise ConfigError(f"--only {', '.join(sorted(unknown))}: no such benchmark in {folder} (there are: {known})")
     console = Console()
     table = Table("benchmark", "seconds", "headline figures")
     failed = 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from faultlens.argtypes import positive_float
 from faultlens.config import Config
 from faultlens.errors import ConfigError
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated detectors from models/ (failslow, peer), 'none', or 'auto' (all installed)")
     parser.add_argument("--node-health", metavar="FILE",
                         help="DuckDB file of node health memory (online default: [diagnosis] catalog_path)")
-    parser.add_argument("--max-seconds", type=float, help="online: stop after this long")
+    parser.add_argument("--max-seconds", type=positive_float, help="online: stop after this long")
 
 
 def make_detectors(spec: str) -> list[Any]:
