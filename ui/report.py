@@ -206,7 +206,8 @@ def render_html(data: dict[str, Any]) -> str:
         ("incidents", str(len(data["incidents"]))),
     ]
     out += [f"<div class='kpi'>{html.escape(k)}<b>{html.escape(v)}</b></div>" for k, v in kpis]
-    out.append("</div><p>ETTR: productive step time / wall-clock. MTBF: wall-clock / critical incidents. "
+    out.append("</div><p>ETTR: productive step time / wall-clock. MTBF: wall-clock / failures (critical incidents "
+               "acted on; one culprit's within an hour count once; a tolerated flap is no failure). "
                "MTTR: mean gap in step progress attributed to an incident.</p>")
     out.append("<h2 id='root-causes'>Root cause per incident</h2>")
     if not data["incidents"]:
