@@ -26,6 +26,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo
+	@echo "faultlens is installed in $(VENV): in a new shell, run '. $(VENV)/bin/activate' first (or call $(VENV)/bin/faultlens)"
 	$(VENV)/bin/faultlens demo
 
 # The explorer's browser test drives a real headless Chromium. .ci/run calls this step too.

@@ -203,6 +203,7 @@ def planning_time_1024(repeats: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one fault duration (30 min), smaller workload pool")
+    ap.add_argument("--smoke", action="store_true", help="one layout, 10-minute fault, tiny pool (seconds): does it still run")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--seeds", type=int, default=1,
                     help="also run workload seeds seed+1 .. seed+N-1 and summarise misses over all (default 1)")
@@ -210,15 +211,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="horizon the planner is given (default: each fault's true duration), e.g. 1800")
     args = ap.parse_args(argv)
     console = Console(stderr=True)
-    durations = [1800.0] if args.quick else [600.0, 1800.0, 3600.0]
+    durations = [600.0] if args.smoke else [1800.0] if args.quick else [600.0, 1800.0, 3600.0]
     cfg = AdaptationConfig()
     all_rows: list[dict] = []
     for seed in range(args.seed, args.seed + max(1, args.seeds)):
-        for layout in LAYOUTS:
-            job = Job(layout, pool_iterations=60 if args.quick else 200, seed=seed, cover_s=max(durations))
+        for layout in LAYOUTS[:1] if args.smoke else LAYOUTS:
+            pool = 10 if args.smoke else 60 if args.quick else 200
+            job = Job(layout, pool_iterations=pool, seed=seed, cover_s=max(durations))
             all_rows += run_scenarios(job, durations, cfg, console, args.horizon_s, seed)
     rows = [r for r in all_rows if r["seed"] == args.seed]
-    plan_times = planning_time_1024(5 if args.quick else 20)
+    plan_times = planning_time_1024(1 if args.smoke else 5 if args.quick else 20)
 
     out = Console(width=200)
     table = Table(title="Throughput over the fault (tokens/s, ratio to a fault-free run), measured by the simulator")

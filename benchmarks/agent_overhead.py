@@ -161,6 +161,7 @@ def measure(args: argparse.Namespace, mode: str, seconds: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20 s instead of 45 s per mode")
+    ap.add_argument("--smoke", action="store_true", help="2 s, default mode only (seconds): does it still run")
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--rate", type=float, default=1000.0, help="log lines per second (70%% kernel, 30%% NCCL)")
     ap.add_argument("--tick", type=float, default=None, help="agent loop interval (s; default: agent.tick_s)")
@@ -175,8 +176,8 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    seconds = args.seconds or (20.0 if args.quick else 45.0)
-    modes = ["default", "ship"] if args.mode == "both" else [args.mode]
+    seconds = args.seconds or (2.0 if args.smoke else 20.0 if args.quick else 45.0)
+    modes = ["default", "ship"] if args.mode == "both" and not args.smoke else [args.mode if args.mode != "both" else "default"]
     results = [measure(args, m, seconds) for m in modes]
     print(f"{'figure':<40}" + "".join(f"{r['mode']:>14}" for r in results))
     rows = [("measured window (s)", "wall", "{:.1f}"), ("log lines written / s", "lines_per_s", "{:.0f}"),

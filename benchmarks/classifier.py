@@ -93,6 +93,7 @@ def latency(model: FaultClassifier, repeats: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny suites (seconds): does it still run")
     ap.add_argument("--source", choices=("sim", "synthetic"), default="sim")
     ap.add_argument("--train-suite", dest="train_suite", metavar="DIR")
     ap.add_argument("--test-suite", dest="test_suite", metavar="DIR")
@@ -113,15 +114,15 @@ def main(argv: list[str] | None = None) -> int:
             # Held out by family, not by window (datasets.suite.FAMILIES): the test suite's topology (4-GPU
             # nodes), node counts (3/5/6), NVML interval (5 s), kernel log shape (syslog) and step-time scale
             # (2.5x) never occur in training.
-            n = args.n or (48 if args.quick else 96)
-            lo_train, hi_train = (2, 4) if args.quick else (2, 8)
-            seeds = [int(x) for x in args.train_seeds.split(",")]
+            n = args.n or (8 if args.smoke else 48 if args.quick else 96)
+            lo_train, hi_train = (2, 3) if args.smoke else (2, 4) if args.quick else (2, 8)
+            seeds = [int(x) for x in args.train_seeds.split(",")][: 1 if args.smoke else None]
             train = Rows()
             for seed in seeds:
                 tr = sim_suite(Path(tmp) / f"train{seed}", n, seed, lo_train, hi_train, "train")
                 print(f"  train suite seed {seed} written ({time.monotonic() - started:.0f} s)", file=sys.stderr)
                 train.extend(suite_rows(tr, window_s=60.0, seed=0))
-            n_test = 32 if args.quick else 48
+            n_test = 4 if args.smoke else 32 if args.quick else 48
             te = sim_suite(Path(tmp) / "test", n_test, 22, 3, 6, "heldout")
             print(f"  test suite written ({time.monotonic() - started:.0f} s)", file=sys.stderr)
             test = suite_rows(te, window_s=60.0, seed=0)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         "scenarios": len(set(train.groups)),
                                                         "left_out": dict(sorted(train.left_out.items()))})
     metrics = evaluate(model, test) | {"source": test_desc}
-    lat = latency(model, repeats=5 if args.quick else 30)
+    lat = latency(model, repeats=1 if args.smoke else 5 if args.quick else 30)
     print(f"\nfault classifier ({len(FEATURES)} features, {len(model.classes_ or [])} classes)")
     print(f"train: {train_desc}; {len(train)} machine-windows")
     print(f"test:  {test_desc}; {len(test)} machine-windows\n")

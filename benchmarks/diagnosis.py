@@ -236,18 +236,20 @@ def big_batch(tmp: Path, config: Config, existing: Path | None = None) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="3 small scenarios, 2 latency trials (seconds): does it still run")
     ap.add_argument("--n", type=int)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--trials", type=int)
     ap.add_argument("--big-dir", type=Path, help="time this existing batch directory (e.g. from `faultlens simulate "
                     "scenario --fault gpu_lost --nodes 128 --duration 3600`) instead of writing one; also with --quick")
     args = ap.parse_args()
-    n = args.n or (32 if args.quick else 210)
-    trials = args.trials or (20 if args.quick else 50)
+    n = args.n or (3 if args.smoke else 32 if args.quick else 210)
+    trials = args.trials or (2 if args.smoke else 20 if args.quick else 50)
+    args.quick = args.quick or args.smoke  # no 1,024-GPU run
     config = Config()
     tmp = Path(tempfile.mkdtemp(prefix="faultlens-bench-diag-"))
     try:
-        per, detectors = score_suite(n, args.seed, 8 if args.quick else 32, config, tmp)
+        per, detectors = score_suite(n, args.seed, 4 if args.smoke else 8 if args.quick else 32, config, tmp)
         print(f"\nBatch diagnosis of {n} scenarios (seed {args.seed}); detectors: {', '.join(detectors) or 'none'}")
         print(f"{'kind':20} {'n':>3} {'action acc':>10} {'precision':>9} {'recall':>7} {'evicting':>8} {'s/scen':>7}")
         totals = {"n": 0, "correct": 0}
@@ -280,7 +282,7 @@ def main() -> int:
         print(f"\nonline Xid -> action through the embedded broker: {lat['received']}/{lat['trials']} received, "
               f"p50 {lat['p50_s'] * 1000:.0f} ms, p99 {lat['p99_s'] * 1000:.0f} ms, max {lat['max_s'] * 1000:.0f} ms "
               f"(a first warm-up trial, {lat['warmup_s'] * 1000:.0f} ms, is not counted)")
-        lat_agent = online_latency(max(10, trials // 2), through_agent=True)
+        lat_agent = online_latency(trials if args.smoke else max(10, trials // 2), through_agent=True)
         print(f"online Xid line in a node's kernel log -> action, through a real agent (default settings): "
               f"{lat_agent['received']}/{lat_agent['trials']} received, p50 {lat_agent['p50_s'] * 1000:.0f} ms, "
               f"p99 {lat_agent['p99_s'] * 1000:.0f} ms, max {lat_agent['max_s'] * 1000:.0f} ms")

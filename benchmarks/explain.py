@@ -65,9 +65,10 @@ def build(path: str, size_bytes: int, seed: int = 7) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 MB instead of 100 MB")
+    ap.add_argument("--smoke", action="store_true", help="half a MB (seconds): does it still run")
     ap.add_argument("--mb", type=float, default=None)
     args = ap.parse_args()
-    mb = args.mb or (10.0 if args.quick else 100.0)
+    mb = args.mb or (0.5 if args.smoke else 10.0 if args.quick else 100.0)
     from faultlens.commands import explain as cmd
     from faultlens.explain import score_real_logs
 

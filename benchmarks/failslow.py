@@ -32,7 +32,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ from faultlens.stream.topology import Topology  # noqa: E402
 
 SIZES = (0.05, 0.10, 0.20, 0.40)
 WITHIN_STEPS = 50
-_STEP_FIELDS = {f.name for f in fields(StepTiming)}
+_STEP_FIELDS = set(StepTiming.__struct_fields__)  # a msgspec Struct, not a dataclass
 
 
 @dataclass
@@ -262,10 +262,11 @@ def predictor_mape(stream: Stream) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer scenarios (under a minute)")
+    ap.add_argument("--smoke", action="store_true", help="one scenario per size, short runs (seconds): does it still run")
     ap.add_argument("--source", choices=("sim", "synthetic"), default="sim")
     ap.add_argument("--n", type=int, default=None, help="scenarios per slowdown size")
     args = ap.parse_args(argv)
-    n = args.n or (6 if args.quick else 40)
+    n = args.n or (1 if args.smoke else 6 if args.quick else 40)
     source = args.source
     if source == "sim":
         try:
@@ -284,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     healthy_score = score(healthy)
     # Sequence-length variability: one long healthy run with repeated long-sequence surges.
     if source == "sim":
-        long_s = 9_000.0 if args.quick else 30_000.0
+        long_s = 1_500.0 if args.smoke else 9_000.0 if args.quick else 30_000.0
         seq = sim_stream(77, slowdown=None, duration_s=long_s, surges=int(long_s // 1500))
     else:
-        seq = synthetic_stream(77, slowdown=None, steps=3000 if args.quick else 10_000,
-                               surges=(3000 if args.quick else 10_000) // 100)
+        seq_steps = 300 if args.smoke else 3000 if args.quick else 10_000
+        seq = synthetic_stream(77, slowdown=None, steps=seq_steps, surges=seq_steps // 100)
     seq_alarms = run_detectors(seq)
     n_steps = len(seq.steps)
     # One alarm event per step, however many machines it names (NVRx flags each straggler).

@@ -186,6 +186,7 @@ def fuzz_batch(n_dirs: int, seed: int, out: Path, work: Path, progress) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="30k lines, 50 directories (about a minute)")
+    ap.add_argument("--smoke", action="store_true", help="2,000 lines, 3 directories (seconds): does it still run")
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--file-lines", type=int, default=20_000, help="lines per explained file")
     ap.add_argument("--dirs", type=int, default=10_000)
@@ -195,6 +196,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.lines, args.dirs = 30_000, 50
+    if args.smoke:
+        args.lines, args.dirs, args.file_lines, args.cli_lines = 2_000, 3, 1_000, 500
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

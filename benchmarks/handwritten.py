@@ -42,10 +42,11 @@ from tests.handwritten import scenarios, write  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="same set (it already runs in well under a minute)")
+    ap.add_argument("--smoke", action="store_true", help="the first two scenarios (seconds): does it still run")
     ap.add_argument("--only", default="", help="comma-separated scenario names")
     args = ap.parse_args(argv)
     wanted = {x for x in args.only.split(",") if x}
-    specs = [s for s in scenarios() if not wanted or s.name in wanted]
+    specs = [s for s in scenarios() if not wanted or s.name in wanted][: 2 if args.smoke else None]
     console = Console()
     table = Table("scenario", "verdict", "wanted", "got", "s")
     right = 0

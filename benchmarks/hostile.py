@@ -276,6 +276,7 @@ def _in_child(fn, *args):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="50k messages, 20 MB lines")
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, 1 MB lines (seconds): does it still run")
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--bad", type=float, default=0.5, help="share of messages damaged")
     ap.add_argument("--big-mb", type=int, default=100, help="size of the single-line files")
@@ -285,6 +286,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.messages, args.big_mb = 50_000, 20
+    if args.smoke:
+        args.messages, args.big_mb = 2_000, 1
     work = Path(tempfile.mkdtemp(prefix="faultlens-hostile-"))
     try:
         b = None if args.skip_batch else _in_child(batch_part, args.big_mb, args.seed, work / "batch")

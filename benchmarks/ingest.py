@@ -156,6 +156,7 @@ def run_processor(bus: BusConfig, work: Path, group: str, fetcher: str = "kafka"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smaller run, about a minute")
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, one round (seconds): does it still run")
     ap.add_argument("--messages", type=int, help="GPU messages to produce (default 150000, quick 30000)")
     ap.add_argument("--nodes", type=int, default=2_000, help="simulated 8-GPU nodes")
     ap.add_argument("--rounds", type=int, default=3, help="alternate bare consume and processor this many times")
@@ -163,7 +164,9 @@ def main() -> int:
                     help="the agent's MessagePack (default) or JSON messages")
     ap.add_argument("--keep", metavar="DIR", help="keep the lake (of the last round) in DIR")
     args = ap.parse_args()
-    n = args.messages or (30_000 if args.quick else 150_000)
+    n = args.messages or (2_000 if args.smoke else 30_000 if args.quick else 150_000)
+    if args.smoke:
+        args.rounds, args.nodes = 1, 50
     logging.basicConfig(level=logging.WARNING)
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="faultlens-bench-ingest-"))

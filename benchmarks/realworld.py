@@ -63,6 +63,7 @@ def update_readme(result: dict, n: int) -> None:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="do not list the misses (the corpus is always scored whole)")
+    ap.add_argument("--smoke", action="store_true", help="the same as --quick (the corpus takes seconds)")
     ap.add_argument("--corpus", default=None, help="corpus directory (default: datasets/conformance)")
     ap.add_argument("--misses-md", default=None, help="write the misses as a Markdown table to this file")
     ap.add_argument("--update-readme", action="store_true",
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name}: {s['n']} entries, faultlens matches the corpus label on {_pct(s['faultlens_agrees_with_label'])}")
 
     ms = rw.misses(res)
-    if not a.quick:
+    if not (a.quick or a.smoke):
         print(f"\nMisses ({len(ms)}):")
         for r in ms:
             print(f"  {r['id']} [{r['family']}] want {r['expected']['category']}/{r['expected']['action']} "

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -620,6 +621,45 @@ def attack_empty_node_actions(scale: Scale) -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # Safe text: reports and explorer (issue 24 item 8)
 # ---------------------------------------------------------------------------
+
+
+@attack("safe_text")
+def safe_text(scale: Scale) -> dict[str, int]:
+    """Log text that is markup (``<script>``, ``<img onerror>``, Markdown images, backticks) in a
+    kernel line, an incident and a node name, in a lake whose path holds a quote: ``faultlens
+    report`` (Markdown and HTML) and the explorer in a real headless Chromium must show it as text.
+    The same case at every scale (one lake, two reports, four pages)."""
+    import tempfile
+
+    from faultlens.cli import main as faultlens
+    from tests.browser import explorer
+    from tests.hostile_text import EVIL, hostile_lake, html_markup, markdown_markup
+
+    with tempfile.TemporaryDirectory(prefix="redteam-text-") as tmp:
+        root = Path(tmp)
+        lake = hostile_lake(root)
+        counts: dict[str, int] = {}
+        md_out, html_out = root / "report.md", root / "report.html"
+        failed = sum(faultlens(["report", "--lake", str(lake.path), "--job", lake.job, "--out", str(out)]) != 0
+                     for out in (md_out, html_out))
+        counts["quoted_lake_path_failures"] = failed
+        md = markdown_markup(md_out.read_text() if md_out.exists() else "", spans=lake.texts)
+        counts["raw_html_in_report_md"] = md["raw_html"]
+        counts["images_in_report_md"] = md["images"]
+        counts["broken_evidence_spans_in_report_md"] = md["broken_spans"]
+        counts["markup_in_report_html"] = sum(html_markup(html_out.read_text() if html_out.exists() else "").values())
+        with explorer(lake.path, root) as ui:
+            q = urllib.parse.quote
+            ui.visit(f"/incident?id={q(lake.incident_id)}", lambda t: "Culprit: n666" in t and "Evidence" in t)
+            ui.visit(f"/machine?node={q(lake.node)}", lambda t: "Kernel events" in t)
+            ui.visit("/", lambda t: "Open incidents" in t)
+            ui.visit(f"/labels?id={q(lake.incident_id)}", lambda t: "Diagnosis:" in t)
+            counts["explorer_remote_images"] = len(ui.remote_images())
+            counts["explorer_remote_fetches"] = len(ui.remote_requests())
+            # the explorer's own URLs carry the node name in their query string: only other hosts count
+            counts["explorer_fetches_of_images_in_log_text"] = sum(EVIL in u for u in ui.remote_requests())
+        return counts
+
 
 
 # ---------------------------------------------------------------------------

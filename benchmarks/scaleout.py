@@ -489,6 +489,8 @@ def main() -> None:
     for a in ("--bootstrap", "--prefix", "--dir", "--stats"):
         w.add_argument(a, required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="16 nodes, 2 s drained by one instance, no live or kill phase (seconds): does it still run")
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--kills", type=int)
     ap.add_argument("--workdir", help="keep worker logs, ledgers and hook logs here (default: a temporary folder)")
@@ -499,17 +501,17 @@ def main() -> None:
         return
     from faultlens.stream.broker import EmbeddedBroker
 
-    nodes = args.nodes or (256 if args.quick else 2048)
+    nodes = args.nodes or (16 if args.smoke else 256 if args.quick else 2048)
     kills = args.kills or (2 if args.quick else 10)
-    seconds = 5 if args.quick else 30
-    skip = set(filter(None, args.skip.split(",")))
+    seconds = 2 if args.smoke else 5 if args.quick else 30
+    skip = set(filter(None, args.skip.split(","))) | ({"live", "kill"} if args.smoke else set())
     result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="faultlens-scaleout-") as tmp, EmbeddedBroker() as broker:
         base = Path(args.workdir) if args.workdir else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         if "throughput" not in skip:
             print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances")
-            result["throughput"] = throughput(broker, base, nodes, seconds, [1, 2, 4])
+            result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4])
         if "live" not in skip:
             phase = 5 if args.quick else 20
             print(f"live: {nodes} nodes at 1 Hz; a Xid every second while going 1 -> 2 -> 4 instances ({phase} s each)")

@@ -28,9 +28,10 @@ def _size(d: Path) -> tuple[int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="8 nodes x 8 for 2 minutes (seconds): does it still run")
     ap.add_argument("--keep", help="write here and keep the directory")
     args = ap.parse_args()
-    nodes, duration = (16, 900.0) if args.quick else (128, 3600.0)
+    nodes, duration = (8, 120.0) if args.smoke else (16, 900.0) if args.quick else (128, 3600.0)
     cluster = ClusterSpec(nodes=nodes, gpus_per_node=8, tp=8, pp=8, dp=nodes // 8, microbatches=16,
                           num_layers=80, job="bench")
     spec = ScenarioSpec(name="bench", seed=1, cluster=cluster, duration_s=duration,
@@ -63,7 +64,7 @@ def main() -> None:
             ("step timeline", f"{t_steps:.2f} s"), ("total (generate + write)", f"{total:.2f} s"),
             ("files / bytes", f"{n_files:,} / {n_bytes / 1e6:,.1f} MB"),
             ("GPU samples per s", f"{samples / total:,.0f}"),
-            ("1,024-GPU hour (s)", f"{per_gpu_hour:.1f}" + (" (extrapolated)" if args.quick else "")),
+            ("1,024-GPU hour (s)", f"{per_gpu_hour:.1f}" + (" (extrapolated)" if args.quick or args.smoke else "")),
             ("healthy step max/min over 100 steps", f"{variability:.3f}")]
     w = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -210,6 +210,8 @@ def ledger_figures(path: Path) -> dict[str, Any]:
 def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 kills each, shorter sequence (~2-3 min)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="no kills, 40 s segments at 20x (seconds): does the pipeline still run end to end")
     ap.add_argument("--kills", type=int, default=None, help="kill -9s of each of agent, processor, broker (default 10)")
     ap.add_argument("--nodes", type=int, default=5, help="virtual nodes = agents (4 jobs of 1 plus a spare by default)")
     ap.add_argument("--speed", type=float, default=8.0, help="simulated seconds per real second")
@@ -219,8 +221,10 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                          "forgets them; real Kafka keeps the compacted jobs topic)")
     ap.add_argument("--workdir", default=None, help="keep everything here (default: a temporary directory)")
     args = ap.parse_args()
-    kills = args.kills if args.kills is not None else (3 if args.quick else 10)
-    segment = args.segment or (240.0 if args.quick else 600.0)
+    kills = args.kills if args.kills is not None else (0 if args.smoke else 3 if args.quick else 10)
+    segment = args.segment or (40.0 if args.smoke else 240.0 if args.quick else 600.0)
+    if args.smoke:
+        args.speed = 20.0
 
     import logging
 
@@ -268,7 +272,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                   "--steps-glob", str(seg / "steps" / f"{node}.jsonl"),
                   "--spool-dir", str(work / "spool" / node))
     publish_topologies(config, broker.bootstrap, scenarios)
-    time.sleep(8)  # group joins: the services read from the start, but let the agents settle on their files
+    time.sleep(3 if args.smoke else 8)  # group joins: the services read from the start, but let the agents settle
 
     # Kill schedule: agent, processor, broker in turn, evenly over the sequence (not in its last tenth).
     roles = ["agent", "stream", "broker"]

@@ -242,12 +242,14 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 day, fewer repeats (under a minute)")
+    ap.add_argument("--smoke", action="store_true", help="1 day, one repeat (seconds): does it still run")
     ap.add_argument("--days", type=int, default=None, help="days of data (default 7, quick 1)")
     ap.add_argument("--data", default=None, help="lake directory to (re)use; generated when missing")
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args()
+    args.quick = args.quick or args.smoke
     days = args.days or (1 if args.quick else 7)
-    repeats = args.repeats or (5 if args.quick else 20)
+    repeats = args.repeats or (1 if args.smoke else 5 if args.quick else 20)
     rng = np.random.default_rng(8)
     incidents = make_incidents(days, rng)
     tmp = None

@@ -245,6 +245,8 @@ def _text_lines(path: Path, bad: _Bad) -> list[str]:
 
 def read_job(path: Path) -> JobTopology:
     obj = orjson.loads(path.read_bytes())
+    if not isinstance(obj, dict):
+        raise SchemaError(f"expected a JSON object (job, tp, pp, dp, ranks), got a JSON {type(obj).__name__}")
     obj.setdefault("v", schema.SCHEMA_VERSION)
     obj.setdefault("ts", 0.0)
     return schema.from_dict("jobs", obj)

@@ -26,7 +26,7 @@ class HostOom(Fault):
         t = ctx.onset(self.onset_s)
         pid = ctx.procs[rank].pid
         rss = int(ctx.rng.integers(180_000_000, 260_000_000))
-        memcg = f"/kubepods.slice/kubepods-pod{int(ctx.rng.integers(1e8, 1e9)):x}.slice"
+        memcg = f"/kubepods.slice/kubepods-pod{int(ctx.rng.integers(100_000_000, 1_000_000_000)):x}.slice"
         for i, rec in enumerate(k.oom_kill(pid, "python3", rss, memcg)):
             ctx.kernel(node, t + 0.0004 * i, rec)
         crash_then_watchdog(ctx, node, rank, t + 0.01, -9)

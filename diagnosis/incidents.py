@@ -212,8 +212,12 @@ class OpenIncident:
     def alerts_within(self, now: float, window_s: float) -> int:
         return sum(1 for b in self.bursts for t in b.alerts if now - window_s <= t <= now)
 
-    def suspect(self, node: str, score: float, reason: str, *, gpu: int | None = None, rank: int | None = None) -> None:
-        s = self.suspects.setdefault(node, {"node": node, "score": 0.0, "reasons": [], "gpus": [], "ranks": []})
+    def suspect(self, node: str, score: float, reason: str, *, gpu: int | None = None, rank: int | None = None,
+                prior_blames: int = 0) -> None:
+        """Name ``node`` a suspect. ``prior_blames``: incidents it was blamed for before this one, as
+        known when it is first named here (later this incident's own blame would count too)."""
+        s = self.suspects.setdefault(node, {"node": node, "score": 0.0, "reasons": [], "gpus": [], "ranks": [],
+                                            "prior_blames": prior_blames})
         s["score"] = round(max(s["score"], score), 4)
         if reason and reason not in s["reasons"] and len(s["reasons"]) < 8:
             s["reasons"].append(reason)
@@ -277,7 +281,10 @@ class OpenIncident:
     def record(self) -> Incident:
         suspects = []
         for s in self.top_suspects():
-            entry = {"node": s["node"], "score": s["score"], "reason": "; ".join(s["reasons"])}
+            reason = "; ".join(s["reasons"])
+            if s.get("prior_blames"):
+                reason += f" (blamed in {s['prior_blames']} earlier incident(s))"
+            entry = {"node": s["node"], "score": s["score"], "reason": reason}
             if s["gpus"]:
                 entry["gpu"] = s["gpus"][0] if len(s["gpus"]) == 1 else s["gpus"]
             if s["ranks"]:
@@ -377,12 +384,15 @@ class IncidentBook:
             inc.confidence = max(inc.confidence, signal.confidence)
         if signal.node is not None and signal.role != "job":
             score = signal.confidence
-            prior = self.prior_blames(signal.node) if self.prior_blames else 0
+            known = inc.suspects.get(signal.node)
+            if known is not None:
+                prior = int(known.get("prior_blames") or 0)
+            else:
+                prior = self.prior_blames(signal.node) if self.prior_blames else 0
             reason = f"{signal.rule}: {signal.text.strip().splitlines()[0][:160] if signal.text.strip() else signal.kind}"
             if prior:
                 score = min(1.0, score + 0.02 * prior)
-                reason += f" (blamed in {prior} earlier incident(s))"
-            inc.suspect(signal.node, score, reason, gpu=signal.gpu, rank=signal.rank)
+            inc.suspect(signal.node, score, reason, gpu=signal.gpu, rank=signal.rank, prior_blames=prior)
 
     def _recovered(self, signal: Signal) -> None:
         """The link came back up: its open alert incident (nothing acted on yet) is a tolerated warning,

@@ -35,7 +35,14 @@ COMMANDS = {
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Examples kept as written; each default said once: not where the help text already
+    says it ("default: lake.path"), nor for None (no default) or a flag's False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +80,26 @@ def build_parser(names: list[str] | None = None) -> argparse.ArgumentParser:
         if module is not None:
             module.add_arguments(p)
     return parser
+
+
+def command_name() -> str:
+    """How to run faultlens again from a new shell in this directory: ``faultlens`` when that is on
+    PATH and is this installation, else this installation's script (``.venv/bin/faultlens``)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    here = Path(sys.executable).with_name("faultlens")
+    found = shutil.which("faultlens")
+    if found and here.exists() and Path(found).resolve() == here.resolve():
+        return "faultlens"
+    if here.exists():
+        try:
+            rel = os.path.relpath(here)
+        except ValueError:  # another drive
+            rel = str(here)
+        return rel if not rel.startswith("..") else str(here)
+    return f"{sys.executable} -m faultlens.cli"
 
 
 def _module(name: str):  # noqa: ANN202 - a module or None

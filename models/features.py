@@ -138,8 +138,11 @@ def _median(values: list[float]) -> float:
 
 def _counters(g: Any) -> tuple[float, float, float, float, float]:
     """The cumulative error counters of one GPU reading, in ``_DELTA_FEATURES`` order."""
-    nvlink = g.nvlink_errors + g.nvlink_crc_errors + g.nvlink_replay_errors + g.nvlink_recovery_errors
-    return (float(g.ecc_dbe), float(g.ecc_sbe), float(g.retired_pages), float(g.pcie_replay), float(nvlink))
+    def num(v: float | None) -> float:
+        return math.nan if v is None else float(v)  # null (unknown): NaN compares false, so no delta and no max
+
+    nvlink = sum(num(v) for v in (g.nvlink_errors, g.nvlink_crc_errors, g.nvlink_replay_errors, g.nvlink_recovery_errors))
+    return (num(g.ecc_dbe), num(g.ecc_sbe), num(g.retired_pages), num(g.pcie_replay), nvlink)
 
 
 class WindowFeatures:
@@ -290,18 +293,19 @@ class WindowFeatures:
                     flags[node]["gpu_lost"] = 1.0
                     lost[node].add(g.index)
                     continue
-                tr = g.throttle_reasons
+                tr = g.throttle_reasons or 0
                 a = gpus.get(g.index)
                 if a is None:
-                    gpus[g.index] = [g, g, 1, float(g.util), float(g.power_w), float(g.sm_clock_mhz), float(g.temp_c),
-                                     1.0 if tr & _THERMAL_BITS else 0.0, 1.0 if tr & _POWER_BITS else 0.0]
-                else:
-                    a[1] = g
+                    a = gpus[g.index] = [g, g, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+                a[1] = g
+                util, power, clock, temp = g.util, g.power_w, g.sm_clock_mhz, g.temp_c
+                # A gauge NVML could not give is null: the reading's counters count, its gauges do not.
+                if util is not None and power is not None and clock is not None and temp is not None:
                     a[2] += 1
-                    a[3] += g.util
-                    a[4] += g.power_w
-                    a[5] += g.sm_clock_mhz
-                    a[6] += g.temp_c
+                    a[3] += util
+                    a[4] += power
+                    a[5] += clock
+                    a[6] += temp
                     if tr & _THERMAL_BITS:
                         a[7] += 1.0
                     if tr & _POWER_BITS:
@@ -326,7 +330,8 @@ class WindowFeatures:
                     if now > before:
                         r[fname] += now - before
                 n = a[2]
-                means[key] = [a[3] / n, a[4] / n, a[5] / n, a[6] / n, a[7] / n, a[8] / n]
+                if n:
+                    means[key] = [a[3] / n, a[4] / n, a[5] / n, a[6] / n, a[7] / n, a[8] / n]
         for node, fl in flags.items():
             for k, v in fl.items():
                 row(node)[k] = v
@@ -391,18 +396,18 @@ class WindowFeatures:
                 tok = sum((r.tokens or r.sum_len) for r in recs)
                 lens.append(sum(r.sum_len_sq for r in recs) / max(tok, 1))
                 step_nan = False
-                for r in recs:
-                    node = r.node
-                    if r.step > node_step.get(node, -1):
-                        node_step[node] = r.step
+                for rec in recs:
+                    node = rec.node
+                    if rec.step > node_step.get(node, -1):
+                        node_step[node] = rec.step
                     node_recs[node] += 1
-                    if r.duration_s > 0:
-                        node_wait[node].append((r.comm_s or 0.0) / r.duration_s)
+                    if rec.duration_s > 0:
+                        node_wait[node].append((rec.comm_s or 0.0) / rec.duration_s)
                     # JSON has no NaN: a rank that used to report its loss and now sends null
                     # (or a non-finite number) has lost it.
-                    if r.loss is not None and math.isfinite(r.loss):
-                        loss_ranks.add((job, r.rank))
-                    elif r.loss is not None or (job, r.rank) in loss_ranks:
+                    if rec.loss is not None and math.isfinite(rec.loss):
+                        loss_ranks.add((job, rec.rank))
+                    elif rec.loss is not None or (job, rec.rank) in loss_ranks:
                         node_nan[node] += 1
                         step_nan = True
                 nan_steps += step_nan

@@ -103,18 +103,19 @@ class PeerDetector:
             acc = self._acc[job][record.node] = _Acc()
         sums, counts = acc.sums, acc.counts
         for g in record.gpus:
-            if g.lost:
-                continue
-            throttled = 1.0 if g.throttle_reasons & THROTTLE_BAD_BITS else 0.0
+            util, power, clock, temp = g.util, g.power_w, g.sm_clock_mhz, g.temp_c
+            if g.lost or util is None or power is None or clock is None or temp is None:
+                continue  # a gauge NVML could not give (null): this reading is not compared, never guessed
+            throttled = 1.0 if (g.throttle_reasons or 0) & THROTTLE_BAD_BITS else 0.0
             s = sums.get(g.index)
             if s is None:
-                sums[g.index] = [float(g.util), float(g.power_w), float(g.sm_clock_mhz), float(g.temp_c), throttled]
+                sums[g.index] = [float(util), float(power), float(clock), float(temp), throttled]
                 counts[g.index] = 1
             else:  # the same float64 additions, in the same order, that numpy's += made
-                s[0] += g.util
-                s[1] += g.power_w
-                s[2] += g.sm_clock_mhz
-                s[3] += g.temp_c
+                s[0] += util
+                s[1] += power
+                s[2] += clock
+                s[3] += temp
                 s[4] += throttled
                 counts[g.index] += 1
         return out
@@ -176,15 +177,15 @@ class PeerDetector:
             if self._apart[key] < need or key in self._reported:
                 continue
             self._reported.add(key)
-            gpu = worst_gpu[node].get(top)
+            worst = worst_gpu[node].get(top)
             apart = {f: round(v, 2) for f, v in scores[node].items() if abs(v) >= p.z_threshold}
             out.append(Finding(
                 ts=end_ts, kind="peer_outlier", category=_CATEGORY[top], severity="warning",
                 action="run_diagnostics", confidence=0.6, source="model:peer", rule="peer.robust_z",
-                text=(f"{node} GPU {gpu}: {top} apart from its {len(names) - 1} peer machines "
+                text=(f"{node} GPU {worst}: {top} apart from its {len(names) - 1} peer machines "
                       f"(robust z {scores[node][top]:+.1f}) for {self._apart[key]} windows "
                       f"({self._apart[key] * p.window_s:.0f} s)"),
-                node=node, job=job or None, gpu=gpu,
+                node=node, job=job or None, gpu=worst,
                 figures={"feature": top, "z": round(scores[node][top], 2), "apart": apart,
                          "windows": self._apart[key], "apart_s": self._apart[key] * p.window_s,
                          "peers": len(names) - 1}))

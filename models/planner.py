@@ -351,9 +351,11 @@ class AdaptationPlanner:
                                                pred.tokens_per_s * max(0.0, horizon - pause), evict_nodes), pred)]
 
         (no_action, na_pred), = scored.pop("no_action")
-        evict, evict_pred = scored.pop("evict_restart", [(None, None)])[0]
+        evict_scored = scored.pop("evict_restart", [])
+        evict: Option | None = evict_scored[0][0] if evict_scored else None
+        evict_pred: Prediction | None = evict_scored[0][1] if evict_scored else None
         default, default_pred = no_action, na_pred
-        if (evict is not None and evict.goodput_tokens > 0
+        if (evict is not None and evict_pred is not None and evict.goodput_tokens > 0
                 and evict.goodput_tokens >= no_action.goodput_tokens * (1 - cfg.evict_tie_fraction)):
             default, default_pred = evict, evict_pred
         z = cfg.gain_confidence_z
@@ -367,12 +369,12 @@ class AdaptationPlanner:
             return gain > 0 and gain > z * o.gain_sd_tokens
 
         no_action = with_sd(no_action, na_pred)
-        evict = with_sd(evict, evict_pred) if evict is not None else None
-        default = no_action if default.name == "no_action" else evict
+        evict = with_sd(evict, evict_pred) if evict is not None and evict_pred is not None else None
+        default = evict if default.name != "no_action" and evict is not None else no_action
         # each family's representative: its most goodput among candidates sure to gain, else its most goodput
-        adaptations = []
-        for family in scored.values():
-            family = [with_sd(o, pred) for o, pred in family]
+        adaptations: list[Option] = []
+        for candidates_scored in scored.values():
+            family = [with_sd(o, pred) for o, pred in candidates_scored]
             sure = [o for o in family if is_confident(o)]
             adaptations.append(max(sure or family, key=lambda o: o.goodput_tokens))
         options = [no_action, *adaptations, *([evict] if evict is not None else [])]

@@ -220,11 +220,16 @@ def _empty_select(arrow_schema: pa.Schema) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a SQL string literal (a lake path may hold a quote: /data/bob's-lake)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _source(lake: Path, table: str, arrow_schema: pa.Schema) -> str:
     if not any((lake / table).glob("date=*/hour=*/*.parquet")):
         return f"({_empty_select(arrow_schema)})"
-    glob = (lake / table / "date=*" / "hour=*" / "*.parquet").as_posix()
-    return (f"read_parquet('{glob}', hive_partitioning=true, union_by_name=true, "
+    glob = sql_string((lake / table / "date=*" / "hour=*" / "*.parquet").as_posix())
+    return (f"read_parquet({glob}, hive_partitioning=true, union_by_name=true, "
             "hive_types={'date': DATE, 'hour': BIGINT})")
 
 
@@ -255,7 +260,7 @@ def create_views(db: Any, lake_path: str | os.PathLike[str]) -> None:
            LEFT JOIN latest s ON s.action_id = a.id"""
     )
     if any((lake / MANIFEST_DIR).glob("m-*.parquet")):
-        db.execute(f"CREATE OR REPLACE VIEW manifest AS SELECT * FROM read_parquet('{manifest_glob(lake)}')")
+        db.execute(f"CREATE OR REPLACE VIEW manifest AS SELECT * FROM read_parquet({sql_string(manifest_glob(lake))})")
     else:
         db.execute(f"CREATE OR REPLACE VIEW manifest AS {_empty_select(MANIFEST_SCHEMA)}")
 

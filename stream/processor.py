@@ -292,7 +292,7 @@ class StreamProcessor:
                     last_lag = now
                     if on_progress:
                         on_progress(self.stats)
-                if exit_when_idle_s is not None and self._ever_assigned and not self._pending and now - self.last_message_at >= exit_when_idle_s:
+                if exit_when_idle_s is not None and self._idle(now, exit_when_idle_s):
                     break
                 if max_runtime_s is not None and now - start >= max_runtime_s:
                     break
@@ -302,6 +302,30 @@ class StreamProcessor:
             self.stats.poll_thread_cpu_s += time.thread_time() - cpu_start
             self.close()
         return self.stats
+
+    def _idle(self, now: float, idle_s: float) -> bool:
+        """True once this processor has had partitions and nothing left to read on them for ``idle_s``.
+
+        Time without partitions (before the first assignment, between a rebalance's revoke and
+        its assign) never counts: a member that joins a group still holding a killed member's
+        session gets some partitions, loses them when that session expires, and is given the
+        rest a moment later. The broker is asked for the lag only once the quiet time is reached.
+        """
+        with self._lock:
+            if not self._assigned or self._pending:
+                self.last_message_at = now  # idle time counts from the next assignment / commit
+                return False
+            if now - self.last_message_at < idle_s or self._fetch is None:
+                return False
+        try:
+            behind = sum(self._fetch.lag().values())
+        except Exception as exc:  # noqa: BLE001 - an unknown lag is not idle
+            log.debug("lag for the idle check failed: %s", exc)
+            behind = 1
+        if behind:
+            self.last_message_at = now  # records wait on assigned partitions: not idle
+            return False
+        return True
 
     def _check_fatal(self) -> None:
         if self._fatal is not None:
@@ -484,6 +508,7 @@ class StreamProcessor:
             for key in revoked:
                 self._assigned.discard(key)
                 self._next_offset.pop(key, None)
+            self.last_message_at = time.monotonic()  # a rebalance is not idle time
 
     def _on_offsets_reset(self, reset: list[Key]) -> None:
         """stream.bus: the broker lost these partitions' logs (a memory-only broker restarted); they are

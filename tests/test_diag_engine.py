@@ -251,6 +251,18 @@ def test_prior_blame_is_remembered_in_node_health():
     assert "blamed in 1 earlier" in incidents[0].suspects[0]["reason"]
 
 
+def test_earlier_blames_are_said_once_and_never_count_the_incident_itself():
+    """A machine's only incident, with five lines on it, said "(blamed in 1 earlier incident(s))" five
+    times: its own blame counted as an earlier one, once per absorbed line."""
+    health = NodeHealth(":memory:")
+    lines = [kernel(T0 + i, "n001", XID79, "xid", 79) for i in range(5)]
+    incidents, _ = diagnose(lines, node_health=health)
+    assert health.prior_blames("n001") == 1  # blamed now, by this incident
+    assert [i.suspects[0]["reason"].count("blamed in") for i in incidents] == [0]
+    again, _ = diagnose([kernel(T0 + 9000 + i, "n001", XID79, "xid", 79) for i in range(5)], node_health=health)
+    assert [i.suspects[0]["reason"].count("blamed in 1 earlier incident(s)") for i in again] == [1]
+
+
 def test_a_rank_whose_gradient_overflowed_alone_before_the_nan_is_the_suspect():
     """Rank 13's grad norm is Infinity two steps before every rank's loss goes NaN (as a JSON
     writer prints it, "Infinity"): the decoder keeps it, and NaN diagnosis names rank 13's node."""

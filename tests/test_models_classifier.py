@@ -197,3 +197,21 @@ def test_a_storage_stall_is_open_until_the_server_answers_again() -> None:
     assert rows["n2"]["storage_open"] == 0.0
     rows = wf.window([line(70.0, "nfs: server storage01 OK")], ["n1", "n2"], end_ts=120.0)
     assert (rows["n1"]["storage_error"], rows["n1"]["storage_open"], rows["n1"]["storage_recovered"]) == (1.0, 0.0, 1.0)
+
+
+def test_null_gpu_fields_give_features_not_a_crash() -> None:
+    """A GPU sample whose gauges and counters are null ("N/A") counts as seen; its gauges are
+    not averaged in and its counters make no delta."""
+    from faultlens.stream import schema
+
+    sc = scengen.scenario("thermal_throttle", nodes=4, seed=3, duration_s=300)
+    nulls = {"util": None, "power_w": None, "temp_c": None, "throttle_reasons": None, "ecc_dbe": None,
+             "nvlink_errors": None}
+    records = [schema.replace(r, gpus=[schema.replace(g, **nulls) for g in r.gpus])
+               if isinstance(r, schema.GpuSample) else r for r in sc.records]
+    wf = WindowFeatures()
+    wf.set_topology(sc.topology)
+    start = sc.truth["start_ts"]
+    for lo, chunk in windows(records, start, start + 300, 60.0):
+        rows = wf.window(chunk, sc.topology.nodes, end_ts=lo + 60.0)
+        assert all(r["ecc_dbe_delta"] == 0.0 and r["gpu_missing"] == 0.0 for r in rows.values())

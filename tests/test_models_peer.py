@@ -62,3 +62,16 @@ def test_a_machine_whose_gpus_are_all_lost_is_left_out_of_the_comparison() -> No
     det = PeerDetector()
     assert _run(det, samples) == []
     assert "n003" not in det.last_scores["j1"] and len(det.last_scores["j1"]) == 7
+
+
+def test_null_gauges_are_skipped_not_a_crash() -> None:
+    """nvidia-smi's "N/A" decodes to null (stream/schema.py): a reading with a null gauge or
+    throttle field is left out of the comparison, and the hot GPU is still found."""
+    fault = stepgen.GpuFault(node="n005", gpu=3, onset_s=200.0)
+    samples = []
+    for i, s in enumerate(stepgen.gpu_samples(seconds=700, fault=fault, t0=T0)):
+        if s.node == "n002" and i % 3 == 0:
+            s = schema.replace(s, gpus=[schema.replace(g, temp_c=None, throttle_reasons=None) for g in s.gpus])
+        samples.append(s)
+    findings = _run(PeerDetector(), samples)
+    assert [(f.node, f.gpu) for f in findings] == [("n005", 3)]

@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from faultlens.ui import views
+from faultlens.ui.text import md_escape
 from tests.ui_scenario import CULPRIT, INCIDENT_ID, JOB, XID_LINE, build_lake
 
 APP = Path(__file__).resolve().parent.parent / "ui" / "app.py"
@@ -40,7 +41,7 @@ def _frames(at: AppTest) -> str:
 def test_overview_shows_open_incident_actions_and_health(app: AppTest) -> None:
     metrics = {m.label: m.value for m in app.metric}
     assert metrics["open critical"] == "1"
-    assert metrics["actions done"] == "1"  # the dry-run answer
+    assert metrics["actions executed"] == "0" and metrics["actions dry-run"] == "1"  # the dry-run answer is not done
     frames = _frames(app)
     assert "GPU fell off the bus on n003" in frames and JOB in frames
     assert "critical" in frames and "evict_nodes" in frames
@@ -74,7 +75,7 @@ def test_incident_page_gives_the_reason_the_incident_recorded(app: AppTest, lake
     app.query_params["id"] = INCIDENT_ID
     app.switch_page("app_pages/incident.py").run()
     assert not app.exception
-    assert app.error[0].value == f"**Why:** {recorded}"
+    assert app.error[0].value == f"**Why:** {md_escape(recorded)}"
     cited = [e["text"] for e in orjson.loads(record["evidence"])]
     evidence = next(d.value for d in app.dataframe if "evidence" in d.value.columns)
     assert list(evidence["evidence"][: len(cited)]) == [True] * len(cited)
@@ -107,3 +108,14 @@ def test_labels_page_writes_a_label_the_lake_reads_back(app: AppTest, lake: Path
     got = views.labels(con, incident_id=INCIDENT_ID).row(0, named=True)
     assert (got["verdict"], got["kind"], got["category"], got["author"]) == ("corrected", "pcie_degradation", "pcie", "alice")
     assert got["nodes"] == f'["{CULPRIT}"]'
+
+
+@pytest.mark.parametrize(("page", "param", "value"), [("incident", "id", "inc-doesnotexist"),
+                                                     ("machine", "node", "n999"), ("labels", "id", "inc-nope")])
+def test_an_unknown_id_or_node_is_not_found_not_another_one(app: AppTest, page: str, param: str, value: str) -> None:
+    app.query_params[param] = value
+    app.switch_page(f"app_pages/{page}.py").run()
+    assert not app.exception
+    assert [e.value for e in app.error] == [f"{'Machine' if page == 'machine' else 'Incident'} `{value}` not found in this lake."]
+    assert not app.dataframe and not app.selectbox  # nothing of another incident or machine
+    assert all(CULPRIT not in t.value for t in app.title)

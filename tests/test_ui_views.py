@@ -181,3 +181,45 @@ def test_label_rows_validate(inc: dict, tmp_path: Path) -> None:
         labels.label_row(inc, verdict="corrected", kind="gremlins")
     with pytest.raises(ValueError, match="verdict"):
         labels.label_row(inc, verdict="maybe")
+
+
+def test_tolerated_incidents_are_not_failures_and_one_fault_counts_once(tmp_path: Path) -> None:
+    """A link flap nothing was done about is tolerated; a throttled GPU opened as thermal throttling
+    and as a fail-slow machine (two incidents, one culprit, minutes apart) is one failure."""
+    from faultlens.stream.schema import Incident
+    from tests.ui_scenario import T0, write_records
+
+    lake = build_lake(tmp_path / "lake").path
+    base = {"job": JOB, "severity": "critical", "confidence": 0.9, "status": "mitigated"}
+    write_records(lake, [
+        Incident(id="inc-flap", opened_ts=T0 + 300, updated_ts=T0 + 400, status="resolved", job=JOB,
+                 severity="critical", confidence=0.6, category="network", kind="ib_link", title="IB link down on n004",
+                 suspects=[{"node": "n004", "score": 0.6, "reason": "link down"}], actions=[],
+                 summary="network alert not repeated: tolerated (link flap recovered)"),
+        *(Incident(id=f"inc-{kind}", opened_ts=T0 + 600 + i * 120, updated_ts=T0 + 900, category="thermal_power",
+                   kind=kind, title=f"{kind} on n001", suspects=[{"node": "n001", "gpu": 2, "score": 0.9, "reason": "hot"}],
+                   actions=[f"act-{kind}"], **base)
+          for i, kind in enumerate(("thermal_throttle", "fail_slow"))),
+    ])
+    con = views.connect(lake)
+    try:
+        assert views.reliability(con, JOB)["failures"] == 2  # the Xid 79 and the throttled GPU
+    finally:
+        con.close()
+
+
+def test_time_axes_read_as_24_hour_times_and_legends_never_null(con, inc: dict) -> None:
+    import datetime as dt
+
+    timeline = views.evidence_timeline(con, inc)
+    ev = charts.evidence_chart(timeline).to_dict()
+    assert ev["encoding"]["x"]["axis"]["format"] == "%H:%M:%S"  # 10 minutes of evidence: ticks under a minute apart
+    hours = pl.DataFrame({"time": [dt.datetime(2025, 3, 3, 9), dt.datetime(2025, 3, 3, 13)]})
+    assert charts.time_x(hours).to_dict()["axis"]["format"] == "%H:%M"  # hours within one day
+    short = timeline.filter(pl.col("ts") < FAULT_TS + 1)
+    assert charts.time_x(short).to_dict()["axis"]["format"] == "%H:%M:%S.%L"  # not ".800 .800 .400"
+    days = pl.DataFrame({"time": [dt.datetime(2025, 3, 3, 23), dt.datetime(2025, 3, 4, 1)]})
+    assert charts.time_x(days).to_dict()["axis"]["format"] == "%b %d %H:%M"  # the range spans two dates
+    job_wide = timeline.with_columns(pl.lit(None, dtype=pl.String).alias("node"))
+    spec = charts.evidence_chart(job_wide).to_dict()
+    assert {r["node"] for r in spec["datasets"][spec["data"]["name"]]} == {"(job-wide)"}

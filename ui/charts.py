@@ -17,6 +17,28 @@ SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b
 SOURCE_ORDER = ["kernel", "gpu", "nccl", "steps", "stacks"]
 
 
+def time_x(frame: pl.DataFrame, field: str = "time", **kw: object) -> alt.X:
+    """A time x-axis that reads as times: 24-hour clock, dates where the range spans days,
+    seconds (and milliseconds) only where the range is that short.
+
+    Vega's default multi-format labels a sub-second range ``.800 .800 .400``: a fixed
+    format per range instead. Times are the lake's UTC, shown as they are (no zone shift).
+    """
+    values = frame[field].drop_nulls() if field in frame.columns else pl.Series([], dtype=pl.Datetime)
+    lo, hi = (values.min(), values.max()) if values.len() else (None, None)
+    span = (hi - lo).total_seconds() if lo is not None and hi is not None else 0.0  # type: ignore[operator, union-attr]
+    if lo is not None and hi is not None and lo.date() != hi.date():  # type: ignore[union-attr]
+        fmt = "%b %d %H:%M"
+    elif span < 10:
+        fmt = "%H:%M:%S.%L"
+    elif span < 3600:  # ticks less than a minute apart: minutes alone would repeat (09:40 09:40)
+        fmt = "%H:%M:%S"
+    else:
+        fmt = "%H:%M"
+    kw.setdefault("title", None)
+    return alt.X(f"{field}:T", axis=alt.Axis(format=fmt, labelOverlap=True), **kw)  # type: ignore[arg-type]
+
+
 def severity_bar(counts: dict[str, int]) -> alt.Chart:
     """Open incidents per severity."""
     frame = pl.DataFrame({"severity": list(counts), "incidents": list(counts.values())})
@@ -55,18 +77,19 @@ def evidence_chart(frame: pl.DataFrame) -> alt.Chart:
     """Evidence and context lines on one time axis, a lane per source (views.evidence_timeline)."""
     data = frame.select("time", "source", "node", "evidence", "text").with_columns(
         pl.col("text").str.slice(0, 160),
+        pl.col("node").fill_null("(job-wide)"),  # a legend never reads "null"
         pl.when(pl.col("evidence")).then(pl.lit("cited by diagnosis")).otherwise(pl.lit("context")).alias("kind"),
     )
     return (
         alt.Chart(data, title="Evidence timeline")
         .mark_point(filled=True, size=120)
         .encode(
-            x=alt.X("time:T", title=None),
+            x=time_x(data),
             y=alt.Y("source:N", sort=SOURCE_ORDER, title=None),
             color=alt.Color("kind:N", scale=alt.Scale(domain=["cited by diagnosis", "context"],
                                                       range=["#d62728", "#7f7f7f"]), title=None),
-            shape=alt.Shape("node:N"),
-            tooltip=["time:T", "source", "node", "text"],
+            shape=alt.Shape("node:N", title="node"),
+            tooltip=[alt.Tooltip("time:T", format="%Y-%m-%d %H:%M:%S.%L"), "source", "node", "text"],
         )
         .properties(height=160)
     )
@@ -97,7 +120,7 @@ def step_time_chart(frame: pl.DataFrame) -> alt.VConcatChart:
         alt.Chart(long, title="Step time: observed vs predicted from the workload")
         .mark_line(point=False)
         .encode(
-            x=alt.X("time:T", title=None),
+            x=time_x(long),
             y=alt.Y("seconds:Q", title="step time (s)"),
             color=alt.Color("series:N", scale=alt.Scale(domain=["observed_s", "predicted_s"],
                                                         range=["#d62728", "#1f77b4"]), title=None),
@@ -109,7 +132,7 @@ def step_time_chart(frame: pl.DataFrame) -> alt.VConcatChart:
         alt.Chart(frame.select("time", "step", "residual_s"))
         .mark_bar()
         .encode(
-            x=alt.X("time:T", title=None),
+            x=time_x(frame),
             y=alt.Y("residual_s:Q", title="residual (s)"),
             color=alt.condition(alt.datum.residual_s > 0, alt.value("#d62728"), alt.value("#1f77b4")),
             tooltip=["step", alt.Tooltip("residual_s:Q", format=".3f")],
@@ -127,11 +150,11 @@ def gpu_heatmap_chart(frame: pl.DataFrame, *, title: str) -> alt.Chart:
         alt.Chart(frame, title=title)
         .mark_rect()
         .encode(
-            x=alt.X("time:T", title=None),
+            x=time_x(frame),
             x2="end:T",
             y=alt.Y("gpu:O", title="GPU"),
             color=alt.Color("value:Q", scale=alt.Scale(scheme="inferno", reverse=True, domain=domain), title=None),
-            tooltip=["time:T", "gpu", alt.Tooltip("value:Q", format=".1f")],
+            tooltip=[alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"), "gpu", alt.Tooltip("value:Q", format=".1f")],
         )
         .properties(height=alt.Step(14))
     )

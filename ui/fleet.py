@@ -401,22 +401,38 @@ def downtime_ledger(
     return ledger, gap_frame
 
 
+FAULT_MERGE_S = 3600.0  # critical incidents on one culprit machine this close together: one fault
+
+
 def reliability(
     con: duckdb.DuckDBPyConnection, job: str, *, since: float | None = None, until: float | None = None,
 ) -> dict[str, float | int | None]:
     """MTBF and MTTR of a job over the window.
 
-    Failures are the job's critical incidents. MTBF = wall-clock / failures;
-    MTTR = mean length of the progress gaps attributed to an incident (time from
-    the last step before the failure to the first step after recovery).
+    Failures are the job's critical incidents that something was done about (at least one
+    action): a link flap that recovered by itself is tolerated, not a failure. One fault
+    counts once: critical incidents naming the same culprit machine within
+    ``FAULT_MERGE_S`` of each other (a throttled GPU seen as thermal throttling and as a
+    fail-slow machine) are one failure. MTBF = wall-clock / failures; MTTR = mean length of
+    the progress gaps attributed to an incident (time from the last step before the failure
+    to the first step after recovery).
     """
     e = ettr(con, job=job, since=since, until=until)
     wall = float(e["wall_s"][0]) if e.height else 0.0
     where, params = _window(since, until, "opened_ts")
-    failures = _rows(
-        con, f"SELECT count(*) FROM incidents_latest WHERE job = ? AND severity = 'critical' AND {where}",
+    acted = _rows(
+        con,
+        f"""SELECT coalesce(json_extract_string(suspects, '$[0].node'), id), opened_ts FROM incidents_latest
+            WHERE job = ? AND severity = 'critical' AND coalesce(json_array_length(actions), 0) > 0 AND {where}
+            ORDER BY opened_ts""",
         [job, *params],
-    )[0][0]
+    )
+    last_seen: dict[str, float] = {}
+    failures = 0
+    for culprit, opened in acted:
+        if culprit not in last_seen or opened - last_seen[culprit] > FAULT_MERGE_S:
+            failures += 1
+        last_seen[culprit] = opened
     _, gaps = downtime_ledger(con, job, since=since, until=until)
     repaired = gaps.filter(pl.col("incident").is_not_null())
     return {

@@ -23,12 +23,20 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
-from faultlens.stream.catalog import open_lake, rollup_schema
+from faultlens.stream.catalog import LAKE_TABLES, open_lake, rollup_schema
+from faultlens.stream.lake import MANIFEST_DIR
 from faultlens.ui.labels import LABELS_SCHEMA
 
 # Heatmaps and timelines are sent to the browser as Vega-Lite data: Altair refuses
 # more than 5,000 rows, so bins are widened in DuckDB until a chart fits.
 MAX_CHART_ROWS = 5_000
+
+
+def is_lake(path: str | Path) -> bool:
+    """Whether ``path`` holds a lake: a table directory (``incidents/``, ``gpu/``, ...) or a manifest."""
+    root = Path(path)
+    return root.is_dir() and (any((root / t).is_dir() for t in (*LAKE_TABLES, "gpu_1m", "steps_1m"))
+                              or (root / MANIFEST_DIR).is_dir())
 
 
 def _empty_select(schema: pa.Schema) -> str:

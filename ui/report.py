@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from faultlens.ui import views
+from faultlens.ui.text import md_code, md_escape
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -205,7 +206,8 @@ def render_html(data: dict[str, Any]) -> str:
         ("incidents", str(len(data["incidents"]))),
     ]
     out += [f"<div class='kpi'>{html.escape(k)}<b>{html.escape(v)}</b></div>" for k, v in kpis]
-    out.append("</div><p>ETTR: productive step time / wall-clock. MTBF: wall-clock / critical incidents. "
+    out.append("</div><p>ETTR: productive step time / wall-clock. MTBF: wall-clock / failures (critical incidents "
+               "acted on; one culprit's within an hour count once; a tolerated flap is no failure). "
                "MTTR: mean gap in step progress attributed to an incident.</p>")
     out.append("<h2 id='root-causes'>Root cause per incident</h2>")
     if not data["incidents"]:
@@ -251,16 +253,17 @@ def render_html(data: dict[str, Any]) -> str:
 def _md_table(frame: pl.DataFrame) -> str:
     if frame.is_empty():
         return "_None in this range._\n"
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines = ["| " + " | ".join(md_escape(c) for c in frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     for r in frame.iter_rows():
-        lines.append("| " + " | ".join(_cell(v).replace("|", "\\|") for v in r) + " |")
+        lines.append("| " + " | ".join(md_escape(_cell(v)) for v in r) + " |")
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(data: dict[str, Any]) -> str:
+    """The report as Markdown: every string from the lake (log text, names, ids) escaped or in a code span."""
     rel = data["reliability"]
     out = [
-        f"# Root-cause report: job {data['job']}",
+        f"# Root-cause report: job {md_code(data['job'])}",
         "",
         f"_{_ts(data['since'])} – {_ts(data['until'])}_" if data["since"] or data["until"] else "_whole job_",
         "",
@@ -280,11 +283,12 @@ def render_markdown(data: dict[str, Any]) -> str:
         label = inc["label"]
         cause = f"{label['kind']} ({label['verdict']})" if label else f"{inc['kind']} (diagnosed, {inc['confidence']:.0%})"
         out += [
-            f"### [{inc['severity']}] {inc['title']}",
-            f"- **Culprit:** {head['culprit']} — {head['reason']}",
-            f"- **Root cause:** {cause}; opened {_ts(inc['opened_ts'])}; time lost {_dur(inc['lost_s'])}",
-            f"- **Actions:** {'; '.join(inc['actions']) or 'none'}",
-            *(f"- `{t}`" for t in inc["evidence"]),
+            f"### [{md_escape(inc['severity'])}] {md_escape(inc['title'])}",
+            f"- **Culprit:** {md_escape(head['culprit'])} — {md_escape(head['reason'])}",
+            f"- **Root cause:** {md_escape(cause)}; opened {_ts(inc['opened_ts'])}; time lost {_dur(inc['lost_s'])}",
+            f"- **Actions:** {md_escape('; '.join(inc['actions']) or 'none')}",
+            *(f"- {md_code(t)}" for t in inc["evidence"]),
+            f"- incident {md_code(inc['id'])}",
             "",
         ]
     out += ["## Downtime ledger", "", _md_table(_ledger_frame(data)), "## Xid histogram", "", _md_table(data["xids"]),
@@ -300,37 +304,39 @@ def render_batch_report(path: Path, incidents: list[Any], actions: list[Any], de
                         errors: list[str] | None = None) -> str:
     """report.md of ``faultlens diagnose DIR``: what was read, the actions, then each incident with
     its suspects, evidence and muted symptoms (the records diagnosis produced, not a recomputation)."""
-    lines = [f"# faultlens diagnosis of `{path}`", "",
+    lines = [f"# faultlens diagnosis of {md_code(path)}", "",
              f"{n_records:,} records read in {read_s:.1f} s, diagnosed in {diag_s:.1f} s. "
-             f"Detectors: {', '.join(getattr(d, 'name', '?') for d in detectors) or 'none'}."]
+             f"Detectors: {md_escape(', '.join(getattr(d, 'name', '?') for d in detectors) or 'none')}."]
     if errors:
-        lines.append(f"{len(errors)} input line(s) could not be read, e.g. `{errors[0][:200]}`.")
+        lines.append(f"{len(errors)} input line(s) could not be read, e.g. {md_code(errors[0][:200])}.")
     estimated = {n: c for n, c in (clocks or {}).items() if c.estimated}
     if estimated:
         how = sorted({c.boot_from or "untimed lines" for c in estimated.values()})
-        lines.append(f"Log times estimated on {len(estimated)} node(s) ({', '.join(how)}): "
+        lines.append(f"Log times estimated on {len(estimated)} node(s) ({md_escape(', '.join(how))}): "
                      f"{sum(c.estimated for c in estimated.values()):,} record(s) marked `ts_estimated`.")
     lines += ["", "## Actions", ""]
     if not actions:
         lines.append("No action: nothing needed the runner.")
     for a in actions:
-        lines.append(f"- **{a.type}** {', '.join(a.nodes) or '(job)'} (confidence {a.confidence:.2f}"
-                     f"{', dry run' if a.dry_run else ''}): {a.reason}")
+        lines.append(f"- **{md_escape(a.type)}** {md_escape(', '.join(a.nodes) or '(job)')} (confidence {a.confidence:.2f}"
+                     f"{', dry run' if a.dry_run else ''}): {md_escape(a.reason)}")
     lines += ["", "## Incidents", ""]
     for i in incidents:
-        lines.append(f"### {i.title} [{i.status}]")
-        lines.append(f"kind `{i.kind}`, category `{i.category}`, confidence {i.confidence:.2f}. {i.summary}")
+        lines.append(f"### {md_escape(i.title)} [{md_escape(i.status)}]")
+        lines.append(f"kind {md_code(i.kind)}, category {md_code(i.category)}, confidence {i.confidence:.2f}. "
+                     f"{md_escape(i.summary)}")
         for s in i.suspects[:5]:
-            lines.append(f"- suspect **{s['node']}** score {s['score']:.2f}: {s.get('reason', '')[:200]}")
+            lines.append(f"- suspect **{md_escape(s['node'])}** score {s['score']:.2f}: {md_escape(s.get('reason', '')[:200])}")
         for e in i.evidence[:5]:
-            lines.append(f"  - `{e.get('source')}` {e.get('node', '')} {e.get('text', '')[:160].splitlines()[0] if e.get('text') else ''}")
+            text = str(e.get("text") or "")[:160].splitlines()
+            lines.append(f"  - {md_code(e.get('source'))} {md_escape(e.get('node') or '')} {md_code(text[0]) if text else ''}")
         if i.muted:
             counts: dict[str, int] = {}
             for m in i.muted:
                 k = str(m.get("kind") or str(m.get("item", "")).split(":", 1)[0])
                 counts[k] = counts.get(k, 0) + int(m.get("count", 1))
             by_kind = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-            lines.append(f"- muted {sum(counts.values())} symptom(s) ({by_kind}), e.g. {i.muted[0]['item'][:120]} "
-                         f"(rule {i.muted[0]['by_rule']})")
+            lines.append(f"- muted {sum(counts.values())} symptom(s) ({md_escape(by_kind)}), e.g. {md_code(i.muted[0]['item'][:120])} "
+                         f"(rule {md_code(i.muted[0]['by_rule'])})")
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import duckdb
 import streamlit as st
 
 from faultlens.ui import views
+from faultlens.ui.text import md_code
 
 
 def lake_path() -> Path:
@@ -55,3 +57,28 @@ def fmt_ts(ts: float | None) -> str:
 def refresh() -> None:
     """Rebuild the views now (after this explorer wrote a label file, for one)."""
     _database.clear()
+
+
+def chosen(label: str, param: str, options: Sequence[str], *, format_func: Callable[[str], str] = str,
+           keep_in_url: bool = True) -> str:
+    """The item a page shows: the one named by the URL's ``param`` when given, else the first.
+
+    An unknown name in the URL stops the page with "not found" (``not_found``): showing
+    another incident or machine under it would be a silent lie.
+    """
+    wanted = st.query_params.get(param)
+    if wanted is not None and wanted not in options:
+        not_found(label, wanted)
+    names = list(options)
+    pick = st.selectbox(label, names, index=names.index(wanted) if wanted is not None else 0,
+                        format_func=format_func) or names[0]
+    if keep_in_url:
+        st.query_params[param] = pick
+    return pick
+
+
+def not_found(label: str, name: str) -> None:
+    """Say that ``name`` is not in this lake and stop the page (nothing else is shown)."""
+    st.error(f"{label} {md_code(name)} not found in this lake.")
+    st.page_link("app_pages/overview.py", label="Back to the overview", icon="🏠")
+    st.stop()

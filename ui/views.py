@@ -50,6 +50,7 @@ from faultlens.ui.fleet import (  # noqa: F401 - re-exported: pages and the repo
 from faultlens.ui.lake import (
     MAX_CHART_ROWS,
     connect,  # noqa: F401 - re-exported
+    is_lake,  # noqa: F401 - re-exported
 )
 from faultlens.ui.lake import fetch_rows as _rows
 from faultlens.ui.lake import json_or as _json
@@ -410,3 +411,20 @@ def labels(con: duckdb.DuckDBPyConnection, *, incident_id: str | None = None) ->
             FROM labels WHERE {where} ORDER BY ts DESC""",
         params,
     )
+
+
+def job_span(con: duckdb.DuckDBPyConnection, job: str) -> tuple[float, float] | None:
+    """(first, last) unix seconds of anything the lake holds of ``job`` (steps, incidents, actions,
+    its layout, GPU samples); None when the lake has never heard of it."""
+    row = _rows(
+        con,
+        """SELECT min(t0), max(t1) FROM (
+             SELECT min(minute) AS t0, max(minute) + 60 AS t1 FROM steps_1m_parts WHERE job = ?
+             UNION ALL SELECT min(opened_ts), max(updated_ts) FROM incidents_latest WHERE job = ?
+             UNION ALL SELECT min(ts), max(ts) FROM actions WHERE job = ?
+             UNION ALL SELECT min(ts), max(ts) FROM jobs WHERE job = ?
+             UNION ALL SELECT min(minute), max(minute) + 60 FROM gpu_1m_parts WHERE job = ?)""",
+        [job] * 5,
+    )
+    first, last = row[0] if row else (None, None)
+    return None if first is None else (float(first), float(last))

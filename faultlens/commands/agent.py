@@ -8,6 +8,8 @@ import signal
 import threading
 from typing import Any
 
+from faultlens.argtypes import positive_float
+
 HELP = ("Run the node agent: sample NVML, follow the kernel log (/dev/kmsg, journalctl or a file), NCCL and "
         "step logs, answer dump_stacks commands with py-spy, and produce everything to Kafka through a bounded "
         "on-disk spool that survives broker outages. Health per source goes to the log and to /metrics.")
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-nvml", action="store_true", help="do not run the NVML source")
     parser.add_argument("--spool-dir", metavar="DIR", help="on-disk spool for broker outages (default: [agent] spool_dir)")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on this port (0: off)")
-    parser.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (tests, benchmarks)")
+    parser.add_argument("--duration-s", type=positive_float, default=None, help="stop after this many seconds (tests, benchmarks)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:

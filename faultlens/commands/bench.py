@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from faultlens.argtypes import positive_float
 from faultlens.config import Config
 from faultlens.errors import ConfigError
 
@@ -18,10 +19,11 @@ EXAMPLE = "faultlens bench --quick --only ingest,diagnosis --out bench.jsonl"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the smaller version of each benchmark (under a minute each)")
+    p.add_argument("--smoke", action="store_true", help="each benchmark's seconds-long check that it still runs")
     p.add_argument("--only", default="", help="comma-separated benchmark names (file stems)")
     p.add_argument("--dir", default=None, help="benchmarks folder (default: ./benchmarks or the source tree's)")
     p.add_argument("--out", default=None, help="append each benchmark's JSON line to this file")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per-benchmark time limit")
+    p.add_argument("--timeout-s", type=positive_float, default=1800.0, help="per-benchmark time limit")
 
 
 def _bench_dir(arg: str | None) -> Path:
@@ -38,13 +40,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
     folder = _bench_dir(args.dir)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_") and (not only or p.stem in only))
+    unknown = only - {p.stem for p in scripts}
+    if unknown:
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_")))
+        raise ConfigError(f"--only {', '.join(sorted(unknown))}: no such benchmark in {folder} (there are: {known})")
     console = Console()
     table = Table("benchmark", "seconds", "headline figures")
     failed = 0
     for script in scripts:
-        console.print(f"[bold]running[/] {script.name}{' --quick' if args.quick else ''}")
+        mode = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
+        console.print(f"[bold]running[/] {script.name} {' '.join(mode)}")
         start = time.monotonic()
-        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, str(script), *mode]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlens.argtypes import positive_float, positive_int
 from faultlens.config import Config
 
 HELP = __doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else "run the demo"
@@ -29,14 +30,14 @@ EXAMPLE = "faultlens demo --nodes 16 --speed 20 --workdir demo-run"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=16, help="virtual nodes (8 GPUs each)")
-    p.add_argument("--speed", type=float, default=20.0, help="simulated seconds per real second")
-    p.add_argument("--segment", type=float, default=300.0, help="simulated seconds per injected fault")
+    p.add_argument("--nodes", type=positive_int, default=16, help="virtual nodes (8 GPUs each)")
+    p.add_argument("--speed", type=positive_float, default=20.0, help="simulated seconds per real second")
+    p.add_argument("--segment", type=positive_float, default=300.0, help="simulated seconds per injected fault")
     p.add_argument("--workdir", default="demo-run", help="lake, catalogs, logs and virtual nodes' files")
     p.add_argument("--no-ui", action="store_true", help="do not start the Streamlit explorer")
     p.add_argument("--port", type=int, default=None, help="explorer port (default: [ui] port, or a free one)")
     p.add_argument("--keep", action="store_true", help="keep an existing workdir (default: start afresh)")
-    p.add_argument("--exit-after-s", type=float, default=None,
+    p.add_argument("--exit-after-s", type=positive_float, default=None,
                    help="stop by itself after this many seconds (default: run until Ctrl-C)")
     # The terminal is for incidents and actions; library chatter (kafka-python's INFO
     # lines) only when asked for with --log-level INFO or DEBUG.
@@ -99,16 +100,82 @@ def start_pipeline(sup: Any, *, nodes: int, speed: float, segment: float, workdi
     sup.start("cluster", *sim)
 
 
-def _describe(kind: str, data: dict[str, Any]) -> str:
-    if kind == "incidents":
-        sus = ", ".join(f"{s.get('node')}" + (f" gpu {s['gpu']}" if s.get("gpu") is not None else "")
-                        for s in data.get("suspects", [])[:4])
-        return (f"[bold red]INCIDENT[/] {data.get('id')} [{data.get('status')}] {data.get('severity')} "
-                f"{data.get('category')}/{data.get('kind')}: {data.get('title')}" + (f"  suspects: {sus}" if sus else ""))
+def _incident_line(data: dict[str, Any]) -> str:
+    sus = ", ".join(f"{s.get('node')}" + (f" gpu {s['gpu']}" if s.get("gpu") is not None else "")
+                    for s in data.get("suspects", [])[:4])
+    status = f"[{data.get('status')}]"
+    return (f"[bold red]INCIDENT[/] {esc(data.get('id'))} {esc(status)} {esc(data.get('severity'))} "
+            f"{esc(data.get('category'))}/{esc(data.get('kind'))}: {esc(data.get('title'))}"
+            + (f"  suspects: {esc(sus)}" if sus else ""))
+
+
+def _action_line(data: dict[str, Any]) -> str:
     nodes = ",".join(data.get("nodes", []))
     dry = " (dry-run)" if data.get("dry_run") else ""
-    return (f"[bold yellow]ACTION[/] {data.get('type')}{dry} job {data.get('job')}"
-            + (f" nodes {nodes}" if nodes else "") + f" conf {data.get('confidence', 0):.2f}: {data.get('reason', '')}")
+    return (f"[bold yellow]ACTION[/] {esc(data.get('type'))}{dry} for {esc(data.get('incident_id'))} job "
+            f"{esc(data.get('job'))}" + (f" nodes {esc(nodes)}" if nodes else "")
+            + f" conf {float(data.get('confidence') or 0):.2f}: {esc(data.get('reason', ''))}")
+
+
+def esc(value: Any) -> str:
+    """A value from the bus as plain text in rich markup (a title with ``[bold]`` stays text)."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+class DemoPrinter:
+    """What the demo terminal prints: each incident once when it opens, then one line per change
+    (status, suspects, actions), and each action after the incident it answers.
+
+    Incidents and actions come from two topics, so an action can arrive first: it waits until its
+    incident has been printed, or ``hold_s`` at most (an action whose incident never comes is shown).
+    """
+
+    def __init__(self, hold_s: float = 10.0):
+        self.hold_s = hold_s
+        self.seen: dict[str, dict[str, Any]] = {}  # incident id -> what was last printed of it (status, lists)
+        self.held: list[tuple[float, dict[str, Any]]] = []
+
+    def incident(self, data: dict[str, Any], now: float) -> list[str]:
+        inc_id = str(data.get("id"))
+        state: dict[str, Any] = {"status": data.get("status"), "actions": list(data.get("actions") or []),
+                                 "suspects": [s.get("node") for s in data.get("suspects") or []]}
+        before: dict[str, Any] | None = self.seen.get(inc_id)
+        if before == state:
+            return []
+        self.seen[inc_id] = state
+        if before is None:
+            lines = [_incident_line(data)]
+        else:
+            changes = []
+            if state["status"] != before["status"]:
+                changes.append(f"status {esc(before['status'])} -> {esc(state['status'])}")
+            if state["suspects"] != before["suspects"]:
+                changes.append(f"suspects {esc(', '.join(map(str, state['suspects'][:4])) or 'none')}")
+            added = [a for a in state["actions"] if a not in before["actions"]]
+            if added:
+                changes.append(f"action {esc(', '.join(added))}")
+            lines = [f"[bold]UPDATE[/] {esc(inc_id)}: " + "; ".join(changes)] if changes else []
+        return lines + self.due(now, answered=inc_id)
+
+    def action(self, data: dict[str, Any], now: float) -> list[str]:
+        if str(data.get("incident_id")) in self.seen:
+            return [_action_line(data)]
+        self.held.append((now, data))
+        return []
+
+    def due(self, now: float, answered: str | None = None) -> list[str]:
+        """Held actions now printable: their incident was printed, or they waited ``hold_s``."""
+        out, keep = [], []
+        for since, data in self.held:
+            if str(data.get("incident_id")) == answered or str(data.get("incident_id")) in self.seen \
+                    or now - since >= self.hold_s:
+                out.append(_action_line(data))
+            else:
+                keep.append((since, data))
+        self.held = keep
+        return out
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -147,7 +214,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if not args.no_ui:
             port = args.port or _free_port(config.ui.port)
             sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
-            console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {workdir / 'logs'})")
+            console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {esc(workdir / 'logs')})")
         start_pipeline(sup, nodes=args.nodes, speed=args.speed, segment=args.segment, workdir=workdir)
         per_job, spare = demo_fleet(args.nodes, len(DEMO_FAULTS))
         console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x: {len(DEMO_FAULTS)} jobs of "
@@ -156,27 +223,26 @@ def run(args: argparse.Namespace, config: Config) -> int:
         consumer = Consumer(config.bus, ["incidents", "actions"], group_id=None, bootstrap=bootstrap)
         first = None
         sequence_done = False
-        seen: dict[str, tuple[Any, ...]] = {}
+        printer = DemoPrinter()
         deadline = None if args.exit_after_s is None else started + args.exit_after_s
         while not stop.is_set():
+            lines: list[str] = []
             for m in consumer.poll(500):
                 try:
                     env = orjson.loads(m.value)
                 except orjson.JSONDecodeError:
                     continue
                 data = env.get("data", env) if isinstance(env, dict) else {}
-                if m.kind == "incidents":
-                    # Print an incident when it opens or its status/suspects/actions change.
-                    state = (data.get("status"), tuple(data.get("actions", [])),
-                             tuple(s.get("node") for s in data.get("suspects", [])))
-                    inc_id = str(data.get("id"))
-                    if seen.get(inc_id) == state:
-                        continue
-                    seen[inc_id] = state
-                if first is None:
-                    first = time.monotonic() - started
-                    console.print(f"[dim]first {m.kind[:-1]} {first:.0f} s after start[/]")
-                console.print(_describe(m.kind, data))
+                if not isinstance(data, dict):
+                    continue
+                now = time.monotonic()
+                lines += printer.incident(data, now) if m.kind == "incidents" else printer.action(data, now)
+            lines += printer.due(time.monotonic())
+            if lines and first is None:
+                first = time.monotonic() - started
+                console.print(f"[dim]first incident or action {first:.0f} s after start[/]")
+            for line in lines:
+                console.print(line)
             crashed = [c for c in sup.check() if c.name != "cluster"]
             if crashed:
                 for c in crashed:
@@ -196,5 +262,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         sup.stop()
         if broker is not None:
             broker.stop()
-        console.print(f"lake kept at {workdir / 'lake'} (faultlens ui --lake {workdir / 'lake'})")
+        from faultlens.cli import command_name
+
+        console.print(f"lake kept at {esc(workdir / 'lake')}; explore it again with: "
+                      f"{esc(command_name())} ui --lake {esc(workdir / 'lake')}")
     return 0

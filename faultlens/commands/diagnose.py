@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from faultlens.argtypes import positive_float
 from faultlens.config import Config
 from faultlens.errors import ConfigError
 
@@ -19,13 +20,13 @@ EXAMPLE = "faultlens diagnose ./run-dir --out ./diag      # batch\n  faultlens d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", nargs="?", help="batch input directory (DESIGN.md); omit to run online")
+    parser.add_argument("dir", nargs="?", help="batch input directory (docs/design.md, Batch directory); omit to run online")
     parser.add_argument("--out", help="output directory for the batch outputs (default: DIR/diagnosis)")
     parser.add_argument("--detectors", default="auto",
                         help="comma-separated detectors from models/ (failslow, peer), 'none', or 'auto' (all installed)")
     parser.add_argument("--node-health", metavar="FILE",
                         help="DuckDB file of node health memory (online default: [diagnosis] catalog_path)")
-    parser.add_argument("--max-seconds", type=float, help="online: stop after this long")
+    parser.add_argument("--max-seconds", type=positive_float, help="online: stop after this long")
 
 
 def make_detectors(spec: str) -> list[Any]:
@@ -130,6 +131,10 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
 
         data = _read_batch(path, read_progress)
         records = list(data.records())
+        if not records:  # nothing to diagnose is an error, not an empty report
+            why = f" (e.g. {data.errors[0]})" if data.errors else ""
+            raise ConfigError(f"{path}: no input records: expected job.json, nodes/<node>/ logs or steps/*.jsonl "
+                              f"(docs/design.md, Batch directory){why}")
         gc.freeze()  # the records live to the end: later collections need not rescan millions of them
         t1 = time.perf_counter()
         health = NodeHealth(health_path) if health_path else None

@@ -14,7 +14,8 @@ EXAMPLE = "dmesg --time-format iso | faultlens explain -   |   faultlens explain
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="log files; '-' reads standard input")
+    parser.add_argument("files", nargs="*", metavar="FILE",
+                        help="log files; '-' or none (with lines piped in) reads standard input")
     parser.add_argument("--json", action="store_true", help="one JSON object per input line")
     parser.add_argument("--format", choices=["auto", "kernel", "nccl", "stack", "steps"], default="auto",
                         help="skip detection and read every file as this format")
@@ -44,6 +45,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from faultlens.collectors.unparsed import read_lines
     from faultlens.explain import explain_lines
 
+    if not args.files:
+        if sys.stdin is None or sys.stdin.isatty():
+            print("faultlens explain: give log FILEs, or pipe lines in (dmesg | faultlens explain)", file=sys.stderr)
+            return 2
+        args.files = ["-"]
+    several = len(args.files) > 1
     out = sys.stdout.buffer
     counts: Counter[str] = Counter()
     fmt = None if args.format == "auto" else args.format
@@ -55,7 +62,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
         except OSError as exc:
             print(f"faultlens explain: {name}: {exc}", file=sys.stderr)
             return 1
-        head = b'{"file":' + orjson.dumps(name) + b"," if len(args.files) > 1 else b"{"
+        head = b'{"file":' + orjson.dumps(name) + b"," if several else b"{"
         binary = _sniff(fh)
         if binary is not None:  # one line that says so, never the bytes echoed back
             fh.close()
@@ -67,7 +74,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
                                                "meaning": f"Unparsed: {binary}", "family": "unparsed",
                                                "entry": "unparsed", "reference": None})[1:] + b"\n")
             else:
-                out.write(f"{'':>7} warning  unparsed      none            {name}: {binary}\n".encode("utf-8", "replace"))
+                where = f"{name}:0" if several else f"{'':>7}"
+                out.write(f"{where} warning  unparsed      none            {name}: {binary}\n".encode("utf-8", "replace"))
             continue
         # the classification part of a line is shared by many lines: serialise it once, count per classification
         tails: dict[tuple[int, str], tuple[Any, bytes]] = {}
@@ -95,11 +103,13 @@ def run(args: argparse.Namespace, config: Any) -> int:
                     if args.only_findings and c.category == "none":
                         last_rule = ()
                         continue
-                    line = f"{e.line_no:>7} {c.severity:<8} {c.category:<13} {c.action:<15} {e.text}\n"
+                    # several files: every line says which file (name:line, as grep -n does)
+                    where = f"{name}:{e.line_no}" if several else f"{e.line_no:>7}"
+                    line = f"{where} {c.severity:<8} {c.category:<13} {c.action:<15} {e.text}\n"
                     if c.category != "none" and (c.rule, c.meaning) != last_rule:
                         xid = f"Xid {c.xid}: " if c.xid is not None and not c.meaning.startswith("Xid ") else ""
                         entry = f"[{c.family} {c.rule}] " if c.rule else ""
-                        line += f"{'':>7} -> {entry}{xid}{c.meaning}\n"
+                        line += f"{f'{name}:' if several else ' ' * 7} -> {entry}{xid}{c.meaning}\n"
                     last_rule = (c.rule, c.meaning)
                     buf.append(line.encode("utf-8", "replace"))
                 if len(buf) >= 4096:

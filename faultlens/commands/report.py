@@ -29,16 +29,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from faultlens.ui.report import parse_time, render_report
+    from faultlens.ui import views
+    from faultlens.ui.report import _ts, parse_time, render_report
 
     lake = Path(args.lake or config.lake.path)
     if not lake.is_dir():
-        raise ConfigError(f"lake directory {lake} does not exist", key="lake.path")
+        raise ConfigError(f"lake directory {lake} does not exist")
+    if not views.is_lake(lake):
+        raise ConfigError(f"{lake} is not a lake: no table directory (incidents/, steps/, gpu/, ...) in it")
     fmt = args.fmt or ("md" if args.out and args.out.endswith(".md") else "html")
+    since_until = []
+    for flag, value in (("--since", args.since), ("--until", args.until)):
+        try:
+            since_until.append(parse_time(value))
+        except ValueError:
+            raise ConfigError(f"{flag} {value!r} is not a time: give ISO 8601 (2025-03-01T00:00) or unix seconds",
+                              ) from None
+    since, until = since_until
+    if since is not None and until is not None and since >= until:
+        raise ConfigError(f"--since {args.since} is not before --until {args.until}: the range is empty")
+    con = views.connect(lake)
     try:
-        since, until = parse_time(args.since), parse_time(args.until)
-    except ValueError as exc:
-        raise ConfigError(f"bad time: {exc}", key="--since/--until") from None
+        span = views.job_span(con, args.job)
+    finally:
+        con.close()
+    if span is None:
+        raise ConfigError(f"job {args.job!r} is not in the lake {lake}")
+    if (until is not None and until <= span[0]) or (since is not None and since >= span[1]):
+        raise ConfigError(f"job {args.job!r} has nothing in [{_ts(since)}, {_ts(until)}): its data spans "
+                          f"{_ts(span[0])} to {_ts(span[1])}")
     text = render_report(lake, args.job, since, until, fmt=fmt)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")

@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 
+from faultlens.argtypes import positive_float
 from faultlens.config import Config
 
 HELP = (
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="execute actions whose dry_run is false (when not given: runner.execute, off: log only)")
     p.add_argument("--state-path", default=keep, help="ledger of handled action ids (when not given: runner.state_path)")
     p.add_argument("--metrics-port", type=int, default=keep, help="serve /metrics on 127.0.0.1:PORT (0: off)")
-    p.add_argument("--duration-s", type=float, default=None, help="stop after this many seconds (none: until stopped)")
+    p.add_argument("--duration-s", type=positive_float, default=None, help="stop after this many seconds (none: until stopped)")
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from faultlens.diagnosis.runner.runner import ActionRunner

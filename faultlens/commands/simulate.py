@@ -12,6 +12,8 @@ import argparse
 import time
 from typing import Any
 
+from faultlens.argtypes import non_negative_float, positive_float, positive_int
+
 HELP = "simulated training cluster with fault injection and ground truth (batch directories, suites)"
 EXAMPLE = ("faultlens simulate scenario --fault gpu_lost --nodes 4 --duration 600 --seed 1 --out runs/gpu_lost\n"
            "  faultlens simulate suite --n 200 --seed 7 --out runs/suite\n"
@@ -23,37 +25,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from faultlens.datasets.faults import SCENARIO_KINDS
 
     sc = sub.add_parser("scenario", help="one scenario -> batch directory + truth.json",
-                        description="Write one simulated run as DESIGN.md's batch directory with truth.json.",
+                        description="Write one simulated run as a batch directory (docs/design.md, Batch directory) with truth.json.",
                         epilog="example:\n  faultlens simulate scenario --fault thermal_throttle --nodes 8 --out runs/t1",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sc.add_argument("--fault", default="healthy", choices=SCENARIO_KINDS, help="fault kind to inject")
-    sc.add_argument("--nodes", type=int, default=4)
-    sc.add_argument("--gpus-per-node", type=int, default=8)
-    sc.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: GPUs per node)")
-    sc.add_argument("--pp", type=int, default=None, help="pipeline-parallel size (default: 4, 2 or 1)")
-    sc.add_argument("--cp", type=int, default=1)
+    sc.add_argument("--nodes", type=positive_int, default=4)
+    sc.add_argument("--gpus-per-node", type=positive_int, default=8)
+    sc.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel size (default: GPUs per node)")
+    sc.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel size (default: 4, 2 or 1)")
+    sc.add_argument("--cp", type=positive_int, default=1)
     sc.add_argument("--order", default="tp-cp-dp-pp")
-    sc.add_argument("--microbatches", type=int, default=8, help="micro-batches per replica and iteration")
-    sc.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    sc.add_argument("--microbatches", type=positive_int, default=8, help="micro-batches per replica and iteration")
+    sc.add_argument("--duration", type=positive_float, default=600.0, help="simulated seconds")
     sc.add_argument("--start-ts", type=float, default=None, help="epoch seconds of the start")
     sc.add_argument("--seed", type=int, default=0)
-    sc.add_argument("--onset", type=float, default=None, help="fault onset, seconds after the start")
+    sc.add_argument("--onset", type=non_negative_float, default=None, help="fault onset, seconds after the start")
     sc.add_argument("--node", default=None, help="culprit node (default: drawn from the seed)")
     sc.add_argument("--gpu", type=int, default=None, help="culprit GPU index")
-    sc.add_argument("--watchdog-timeout", type=float, default=None, help="ProcessGroupNCCL timeout in seconds")
+    sc.add_argument("--watchdog-timeout", type=positive_float, default=None, help="ProcessGroupNCCL timeout in seconds")
     sc.add_argument("--kernel-format", choices=["dmesg", "iso", "syslog"], default=None)
     sc.add_argument("--long-run", action="store_true", help="faults as Poisson arrivals at the papers' rates")
-    sc.add_argument("--acceleration", type=float, default=1.0, help="multiply long-run fault rates")
+    sc.add_argument("--acceleration", type=positive_float, default=1.0, help="multiply long-run fault rates")
     sc.add_argument("--out", required=True, help="output directory")
 
     su = sub.add_parser("suite", help="many scenarios with varied clusters -> one directory each + index.json",
                         description="Write a seeded suite of scenarios (every kind, 2-32 nodes) with index.json.",
                         epilog="example:\n  faultlens simulate suite --n 200 --seed 7 --out runs/suite",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    su.add_argument("--n", type=int, default=200)
+    su.add_argument("--n", type=positive_int, default=200)
     su.add_argument("--seed", type=int, default=0)
-    su.add_argument("--min-nodes", type=int, default=2)
-    su.add_argument("--max-nodes", type=int, default=32)
+    su.add_argument("--min-nodes", type=positive_int, default=2)
+    su.add_argument("--max-nodes", type=positive_int, default=32)
     su.add_argument("--out", required=True)
 
     lv = sub.add_parser("live", help="stream scenarios into Kafka in accelerated time through the real agent",
@@ -61,10 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "agent per node follows the simulated logs and NVML, producing to Kafka.",
                         epilog="example:\n  faultlens simulate live --nodes 16 --speed 20 --workdir demo-run/sim",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    lv.add_argument("--nodes", type=int, default=16)
-    lv.add_argument("--speed", type=float, default=20.0, help="simulated seconds per real second")
-    lv.add_argument("--segment", type=float, default=300.0, help="simulated seconds per fault segment")
-    lv.add_argument("--onset", type=float, default=90.0, help="fault onset, seconds into each segment")
+    lv.add_argument("--nodes", type=positive_int, default=16)
+    lv.add_argument("--speed", type=positive_float, default=20.0, help="simulated seconds per real second")
+    lv.add_argument("--segment", type=positive_float, default=300.0, help="simulated seconds per fault segment")
+    lv.add_argument("--onset", type=non_negative_float, default=90.0, help="fault onset, seconds into each segment")
     lv.add_argument("--fault", action="append", default=[], choices=SCENARIO_KINDS,
                     help="fault kinds to play in order (repeatable; default: the demo sequence)")
     lv.add_argument("--seed", type=int, default=7)

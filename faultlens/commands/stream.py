@@ -8,6 +8,7 @@ import signal
 import sys
 from typing import Any
 
+from faultlens.argtypes import non_negative_float, positive_float, positive_int
 from faultlens.config import Config
 
 HELP = (
@@ -24,12 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lake", metavar="DIR", help="lake directory (default [lake] path)")
     parser.add_argument("--catalog", metavar="FILE", help="this processor's DuckDB catalog file (default [lake] catalog_path)")
     parser.add_argument("--group", metavar="ID", help="consumer group id (default [lake] group_id)")
-    parser.add_argument("--flush-interval-s", type=float, help="commit at least this often (default [lake] flush_interval_s)")
-    parser.add_argument("--flush-rows", type=int, help="commit when this many rows are buffered (default [lake] flush_rows)")
-    parser.add_argument("--exit-when-idle-s", type=float, metavar="S", help="flush and exit after S seconds without messages")
+    parser.add_argument("--flush-interval-s", type=positive_float, help="commit at least this often (default [lake] flush_interval_s)")
+    parser.add_argument("--flush-rows", type=positive_int, help="commit when this many rows are buffered (default [lake] flush_rows)")
+    parser.add_argument("--exit-when-idle-s", type=positive_float, metavar="S", help="flush and exit after S seconds with partitions assigned and nothing left to read on them (a rebalance never counts)")
     parser.add_argument("--no-rollups", action="store_true", help="do not write the gpu_1m / steps_1m partial rollups")
     parser.add_argument("--compact", action="store_true", help="compact small files of closed hours, then exit (no consuming)")
-    parser.add_argument("--compact-min-age-s", type=float, default=3600.0, help="with --compact: only hours untouched this long")
+    parser.add_argument("--compact-min-age-s", type=non_negative_float, default=3600.0, help="with --compact: only hours untouched this long")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

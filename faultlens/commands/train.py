@@ -3,7 +3,7 @@
 Sources (one or both):
 
 * ``--suite DIR``: a simulator suite (``faultlens simulate suite``): every
-  subdirectory is a batch directory (DESIGN.md) with its truth.json beside the
+  subdirectory is a batch directory (docs/design.md) with its truth.json beside the
   inputs; DIR itself may be one batch directory.
 * ``--from-lake LAKE``: incidents whose ``root_cause`` a person set in the
   explorer, with the telemetry of their job around them from the lake.
@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from faultlens.argtypes import positive_float, positive_int
 from faultlens.config import Config
 from faultlens.errors import FaultlensError, ModelError
 
@@ -41,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the model directory")
     parser.add_argument("--eval-suite", dest="eval_suite", metavar="DIR",
                         help="held-out suite to report macro-F1 on (written to the model card)")
-    parser.add_argument("--window-s", dest="window_s", type=float, default=60.0, help="feature window")
-    parser.add_argument("--n-estimators", dest="n_estimators", type=int, default=100, help="boosting rounds")
+    parser.add_argument("--window-s", dest="window_s", type=positive_float, default=60.0, help="feature window")
+    parser.add_argument("--n-estimators", dest="n_estimators", type=positive_int, default=100, help="boosting rounds")
     parser.add_argument("--colsample", type=float, default=0.3,
                         help="share of the features each split may choose from (xgboost colsample_bynode)")
     parser.add_argument("--seed", type=int, default=0)

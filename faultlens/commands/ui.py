@@ -46,7 +46,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise ConfigError("the explorer needs Streamlit: pip install 'faultlens[ui]'") from None
     lake = Path(args.lake or config.lake.path).resolve()
     if not lake.is_dir():
-        raise ConfigError(f"lake directory {lake} does not exist", key="lake.path")
+        raise ConfigError(f"lake directory {lake} does not exist")
+    from faultlens.ui.lake import is_lake
+
+    if not is_lake(lake) and any(lake.iterdir()):  # an empty directory is a lake before its first commit
+        raise ConfigError(f"{lake} is not a lake: no table directory (incidents/, steps/, gpu/, ...) in it")
     host = args.host or config.ui.host
     port = args.port or config.ui.port
     print(f"faultlens explorer on http://{host}:{port}/ (lake {lake}); Ctrl-C stops it", flush=True)

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from faultlens.ui import charts, state, views
+from faultlens.ui.text import md_code, md_escape
 
 con = state.connection()
 choices = views.incident_choices(con)
@@ -10,23 +11,20 @@ if not choices:
     st.info("No incident in this lake yet.")
     st.stop()
 ids = list(choices)
-wanted = st.query_params.get("id")
-chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0,
-                      format_func=lambda i: choices[i]) or ids[0]
-st.query_params["id"] = chosen
+chosen = state.chosen("Incident", "id", ids, format_func=lambda i: choices[i])
 inc = views.incident(con, chosen)
 if inc is None:
-    st.error(f"Incident {chosen} is not in the lake.")
-    st.stop()
+    state.not_found("Incident", chosen)
 assert inc is not None  # st.stop() ends the script run
 head = views.headline(inc)
 
-st.title(f"Culprit: {head['culprit']}")
-st.error(f"**Why:** {head['reason']}")
-st.markdown(f"**{inc['title']}** — {head['what']} · status **{inc['status']}** · job `{inc['job']}` · "
-            f"opened {state.fmt_ts(inc['opened_ts'])}")
+# Names, reasons and titles carry log text: escaped, never markup (no remote image, no HTML).
+st.title(f"Culprit: {md_escape(head['culprit'])}")
+st.error(f"**Why:** {md_escape(head['reason'])}")
+st.markdown(f"**{md_escape(inc['title'])}** — {md_escape(head['what'])} · status **{md_escape(inc['status'])}** · "
+            f"job {md_code(inc['job'])} · opened {state.fmt_ts(inc['opened_ts'])}")
 if inc.get("summary"):
-    st.write(inc["summary"])
+    st.text(inc["summary"])
 
 st.subheader("Actions and runner status")
 acts = views.actions(con, incident_id=chosen)
@@ -47,7 +45,7 @@ st.dataframe(views.evidence_table(timeline).drop("ts"), hide_index=True, width="
 muted = views.muted(inc)
 if not muted.is_empty():
     with st.expander(f"Muted as symptoms of this incident: {muted.height} item(s), by "
-                     + ", ".join(sorted(set(muted["by_rule"].to_list())))):
+                     + md_escape(", ".join(sorted(set(muted["by_rule"].to_list()))))):
         st.dataframe(muted, hide_index=True, width="stretch")
 
 grid = views.topology_grid(con, inc)
@@ -69,5 +67,5 @@ if not per_step.is_empty():
                "Ranks with the largest residual since:")
     st.dataframe(per_rank, hide_index=True, width="stretch")
 
-st.page_link("app_pages/machine.py", label=f"Machine page of {head['node']}", query_params={"node": head["node"]},
+st.page_link("app_pages/machine.py", label=f"Machine page of {md_escape(head['node'])}", query_params={"node": head["node"]},
              icon="🖥️", disabled=not head["node"])

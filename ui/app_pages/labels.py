@@ -3,6 +3,7 @@
 import streamlit as st
 
 from faultlens.ui import labels, state, views
+from faultlens.ui.text import md_code, md_escape
 
 con = state.connection()
 st.title("Label incidents")
@@ -11,16 +12,14 @@ if not choices:
     st.info("No incident in this lake yet.")
     st.stop()
 ids = list(choices)
-wanted = st.query_params.get("id")
-chosen = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted in ids else 0,
-                      format_func=lambda i: choices[i]) or ids[0]
+chosen = state.chosen("Incident", "id", ids, format_func=lambda i: choices[i], keep_in_url=False)
 inc = views.incident(con, chosen)
 if inc is None:
-    st.error(f"Incident {chosen} is not in the lake.")
-    st.stop()
+    state.not_found("Incident", chosen)
 assert inc is not None  # st.stop() ends the script run
 head = views.headline(inc)
-st.markdown(f"Diagnosis: **{inc['kind']}** ({inc['category']}) on **{head['culprit']}** — {head['reason']}")
+st.markdown(f"Diagnosis: **{md_escape(inc['kind'])}** ({md_escape(inc['category'])}) on "
+            f"**{md_escape(head['culprit'])}** — {md_escape(head['reason'])}")
 
 with st.form("label"):
     verdict = st.radio("Root cause", labels.VERDICTS, horizontal=True,
@@ -38,7 +37,7 @@ if submitted:
         state.lake_path(), inc, verdict=verdict, kind=kind, category=category,
         nodes=[n.strip() for n in nodes.split(",") if n.strip()], author=author, note=note,
     )
-    st.success(f"Saved {verdict} label for {chosen} ({path.name}).")
+    st.success(f"Saved {verdict} label for {md_code(chosen)} ({md_code(path.name)}).")
     state.refresh()  # the labels table may have just got its first file
     con = state.connection()
 

@@ -3,16 +3,15 @@
 import streamlit as st
 
 from faultlens.ui import charts, state, views
+from faultlens.ui.text import md_escape
 
 con = state.connection()
 nodes = views.machines(con)
 if not nodes:
     st.info("No GPU data in this lake yet.")
     st.stop()
-wanted = st.query_params.get("node")
-node = st.selectbox("Machine", nodes, index=nodes.index(wanted) if wanted in nodes else 0)
-st.query_params["node"] = node
-st.title(f"Machine {node}")
+node = state.chosen("Machine", "node", nodes)
+st.title(f"Machine {md_escape(node)}")
 
 st.subheader("Incident history")
 history = views.node_incidents(con, node)

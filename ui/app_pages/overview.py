@@ -3,19 +3,21 @@
 import streamlit as st
 
 from faultlens.ui import charts, state, views
+from faultlens.ui.text import md_code, md_escape
 
 con = state.connection()
 st.title("faultlens — incident explorer")
-st.caption(f"lake: {state.lake_path()}")
+st.caption(f"lake: {md_code(state.lake_path())}")
 
 sev = views.open_incidents_by_severity(con)
 acts = views.actions_summary(con)
-cols = st.columns(5)
+cols = st.columns(6)
 cols[0].metric("open critical", sev["critical"])
 cols[1].metric("open warning", sev["warning"])
 cols[2].metric("actions pending", acts["pending"])
-cols[3].metric("actions done", acts["done"] + acts["dry_run"])
-cols[4].metric("actions failed/refused", acts["failed"] + acts["refused"])
+cols[3].metric("actions executed", acts["done"], help="carried out by the runner's adapter")
+cols[4].metric("actions dry-run", acts["dry_run"], help="answered by the runner without acting (dry run)")
+cols[5].metric("actions failed/refused", acts["failed"] + acts["refused"])
 
 st.subheader("Open incidents")
 open_incidents = views.incidents(con, status="open")
@@ -28,7 +30,7 @@ else:
         column_config={"id": st.column_config.TextColumn("incident id")},
     )
     top = open_incidents.row(0, named=True)
-    st.page_link("app_pages/incident.py", label=f"Open the most severe incident: {top['title']}",
+    st.page_link("app_pages/incident.py", label=f"Open the most severe incident: {md_escape(top['title'])}",
                  query_params={"id": top["id"]}, icon="🔎")
 
 left, right = st.columns(2)
