@@ -24,7 +24,7 @@ NAMES = (
     "diag-repartition",
     "diag-changelog",
 )
-# Internal topics of the online diagnosis (diagnosis.repartition, diagnosis.state): telemetry
+# Internal topics of the online diagnosis (diagnosis.online.repartition, diagnosis.online.state): telemetry
 # re-keyed by job, and the per-job state checkpoints. Both have REPARTITION_PARTITIONS
 # partitions: a job's state lives in the changelog partition of its input partition.
 INTERNAL = ("diag-repartition", "diag-changelog")

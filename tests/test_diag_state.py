@@ -6,7 +6,7 @@ from __future__ import annotations
 from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine, default_detectors
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.state import JobState, restore, snapshot, unclassified_attributes
+from faultlens.diagnosis.online.state import JobState, restore, snapshot, unclassified_attributes
 from tests import fleetgen
 
 

@@ -2,12 +2,12 @@
 
 Every instance runs two stages in one thread (DESIGN.md, "Signals and topics"):
 
-1. the repartitioner (diagnosis.repartition): a member of the group
+1. the repartitioner (diagnosis.online.repartition): a member of the group
    ``<group_id>-repartition`` over the node-keyed input topics; it re-keys every
    record by job onto ``diag-repartition``, node -> job from the jobs topic;
 2. diagnosis: a member of the group ``<group_id>`` over ``diag-repartition``.
    It owns the jobs of its partitions, one DiagnosisEngine per job
-   (diagnosis.state), so everything that reasons across a job's nodes stays
+   (diagnosis.online.state), so everything that reasons across a job's nodes stays
    whole. Nodes outside any job share one engine per partition (job "unknown",
    node-local rules only). Jobs move between instances only when the group
    rebalances: the old owner checkpoints and lets go, the new owner restores the
@@ -40,8 +40,8 @@ from typing import Any
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
-from faultlens.diagnosis.state import (
+from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
+from faultlens.diagnosis.online.state import (
     MARK_KEY,
     ChangelogReader,
     EngineFactory,
