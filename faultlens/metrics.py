@@ -38,6 +38,7 @@ Families (every name starts with ``faultlens_``; label names in braces):
 | incidents_open     | faultlens_incidents_open{category}       | gauge   | diagnosis |
 | actions            | faultlens_actions_total{type,status}     | counter | diagnosis (status="emitted"), runner (done, failed, dry_run, refused, duplicate) |
 | webhook_failures   | faultlens_webhook_failures_total         | counter | diagnosis (Alertmanager webhook) |
+| checkpoints_unreadable | faultlens_checkpoints_unreadable_total{what} | counter | diagnosis: checkpoints/markers that did not read (job started afresh) |
 
 deploy/prometheus/faultlens-alerts.yml holds alert rules over these names:
 renaming one is a contract change.
@@ -96,6 +97,10 @@ class ServiceMetrics:
                                     ["category"], registry=r)
         self.actions = Counter("faultlens_actions", "Remediation actions, by type and outcome.",
                                ["type", "status"], registry=r)
+        self.checkpoints_unreadable = Counter(
+            "faultlens_checkpoints_unreadable",
+            "Diagnosis checkpoints or markers a restore could not read (that job started afresh), by what.",
+            ["what"], registry=r)
         self.webhook_failures = Counter("faultlens_webhook_failures",
                                         "Incident webhook deliveries that failed after all retries.", registry=r)
 

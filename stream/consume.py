@@ -13,6 +13,9 @@ Failure handling, by phase:
 * the handler fails on effects (``BusError`` from a flush): nothing is
   committed and the partitions are rewound to the batch's first offsets, so the
   batch is delivered again;
+* a null value (a tombstone) or an empty one never reaches the handler: no
+  service's input is keyed state that a tombstone deletes, so it is a poison
+  message, dead-lettered (reason ``tombstone`` / ``empty_message``) and counted;
 * the handler fails on data (any other exception): the batch is retried one
   message at a time, and each message that still fails is dead-lettered
   (topic ``deadletter``, with the reason) and skipped: a poison message never
@@ -92,7 +95,8 @@ class ConsumeLoop:
         if batch:
             self.stats.polled += len(batch)
             self.stats.batches += 1
-            if not self._handle(batch):
+            valued = self._without_empty(batch)
+            if valued and not self._handle(valued):
                 return 0
             for m in batch:
                 self._uncommitted[(m.topic, m.partition)] = max(self._uncommitted.get((m.topic, m.partition), 0),
@@ -101,6 +105,18 @@ class ConsumeLoop:
             self.on_idle()
         self.commit()
         return len(batch)
+
+    def _without_empty(self, batch: Sequence[Message]) -> list[Message]:
+        """The batch less its null and empty values, each of those dead-lettered."""
+        out = []
+        for m in batch:
+            if m.value:
+                out.append(m)
+            elif m.value is None:
+                self.dead_letter(m, "tombstone", f"a null value (tombstone) on {m.topic}: no record to handle")
+            else:
+                self.dead_letter(m, "empty_message", f"an empty value on {m.topic}: no record to handle")
+        return out
 
     def _handle(self, batch: Sequence[Message]) -> bool:
         started = time.perf_counter()
@@ -153,6 +169,8 @@ class ConsumeLoop:
 
     def dead_letter(self, m: Message, reason: str, detail: str) -> None:
         """Keep a message that cannot be handled, with why, on the deadletter topic."""
+        log.warning("%s: %s[%d]@%d dead-lettered: %s: %s", self.name, m.topic, m.partition, m.offset, reason,
+                    detail[:200])
         self.stats.dead_letters += 1
         self.stats.by_reason[reason] = self.stats.by_reason.get(reason, 0) + 1
         if self.producer is None:

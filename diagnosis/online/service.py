@@ -44,6 +44,7 @@ from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitione
 from faultlens.diagnosis.online.state import (
     MARK_KEY,
     ChangelogReader,
+    CheckpointError,
     EngineFactory,
     JobState,
     Restored,
@@ -129,6 +130,8 @@ class DiagnosisService:
         self.checkpoints = 0
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
         self.restore_failures = 0  # partitions whose changelog could not be read (their jobs started afresh)
+        self.unreadable_checkpoints = 0  # job checkpoints and markers that did not read (started afresh)
+        self.max_clock_skew_s = config.time.max_clock_skew_s
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
@@ -204,17 +207,22 @@ class DiagnosisService:
                 self._changelog = None
                 restored = Restored({}, None, 0, time.monotonic() - started)
             keys = 0
+            for offset, why in restored.bad_marks:
+                self._unreadable("marker", MARK_KEY, p, offset, why)
             for key, value in restored.values.items():
                 try:
                     st = restore(value, p, self.make_engine, key)
+                except CheckpointError as exc:
+                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), str(exc))
+                    continue
                 except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
-                    log.error("checkpoint of %s in partition %d is unreadable (%r): the job starts afresh", key, p, exc)
+                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), repr(exc))
                     continue
                 self.states[key] = st
                 keys += 1
             mark = restored.mark or {}
             start = int(mark.get("next_offset", 0))
-            self.stream_time[p] = float(mark.get("stream_time", 0.0))
+            self.stream_time[p] = self._bounded(float(mark.get("stream_time", 0.0)))
             self._applied[p] = self._marked[p] = start
             # No seek: the committed offset never passes the marker (hold_back), so the group
             # resumes at or before it, and what the checkpoints already hold is skipped.
@@ -226,6 +234,19 @@ class DiagnosisService:
                      "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
         if self.partitions:
             self.ready.set()
+
+    def _unreadable(self, what: str, key: str, partition: int, offset: int, why: str) -> None:
+        """A checkpoint or marker that did not read: counted, logged with where it is; the job starts afresh."""
+        self.unreadable_checkpoints += 1
+        log.error("diagnosis: %s of %s at %s[%d]@%d is unreadable (%s): %s", what, key,
+                  topics.topic("diag-changelog", self.config.bus.topic_prefix), partition, offset, why[:300],
+                  "that job starts afresh" if what == "checkpoint" else "the last marker that reads stands")
+        if self.metrics is not None:
+            self.metrics.checkpoints_unreadable.labels(what=what).inc()
+
+    def _bounded(self, ts: float) -> float:
+        """A time no later than the wall clock plus ``time.max_clock_skew_s``: a job's clock never runs ahead."""
+        return min(ts, time.time() + self.max_clock_skew_s)
 
     # ------------------------------------------------------------------ records
 
@@ -271,7 +292,7 @@ class DiagnosisService:
                 continue
             ts = getattr(record, "ts", None)
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
-                self.stream_time[p] = float(ts)
+                self.stream_time[p] = self._bounded(float(ts))
             self.applied += 1
             st.outbox.extend(st.engine.observe(record))
         if unowned:
@@ -440,6 +461,7 @@ class DiagnosisService:
 
             loop = self._diag_loop = ConsumeLoop(consumer, handle, producer=producer, name="diagnosis",
                                                  hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()})
+            repartitioner.dead_letter = loop.dead_letter  # a job topology that does not decode
             if self._webhook is not None:
                 threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
             started = time.monotonic()
