@@ -123,8 +123,8 @@ class _Encoder:
             return o if -_INT64 <= o < _INT64 else {"$i": str(o)}
         if t is float:
             return o if math.isfinite(o) else {"$F": repr(o)}
-        if isinstance(o, str):  # a StrEnum: its value
-            return str.__str__(o) if t.__str__ is str.__str__ else o.value
+        if isinstance(o, str):  # a StrEnum: its value, as a plain str
+            return str.__str__(o)
         if isinstance(o, (np.generic,)):
             return self.enc(o.item(), path)
         if isinstance(o, (int, float)):  # IntEnum and the like

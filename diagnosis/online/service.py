@@ -417,12 +417,15 @@ class DiagnosisService:
                     self.metrics.webhook_failures.inc()
 
     def _webhook_loop(self) -> None:
+        webhook = self._webhook
+        if webhook is None:
+            return
         while not self._stop.is_set() or not self._webhook_queue.empty():
             try:
                 incident = self._webhook_queue.get(timeout=0.5)
             except queue.Empty:
                 continue
-            delivery = self._webhook.send([incident])
+            delivery = webhook.send([incident])
             if not delivery.ok:
                 log.warning("incident webhook failed after %d attempt(s): %s", delivery.attempts, delivery.error)
                 if self.metrics is not None:
