@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zlib
 
+import msgspec
 import orjson
 import pytest
 
@@ -88,19 +89,20 @@ def _pickled_checkpoint(target) -> bytes:
     return zlib.compress(pickle.dumps({"format": 1, "key": "job0000", "engine": _TouchesAFile()}), 1)
 
 
-def test_a_checkpoint_is_a_versioned_json_document() -> None:
+def test_a_checkpoint_is_a_versioned_data_document() -> None:
     engine = _engine()
     for r in fleetgen.fleet(jobs=1, nodes_per_job=4, unjobbed=0, duration_s=20, faulty_jobs=1).records:
         engine.observe(r)
-    body = orjson.loads(zlib.decompress(snapshot(JobState("job0000", 1, engine))))
+    body = msgspec.msgpack.decode(zlib.decompress(snapshot(JobState("job0000", 1, engine))))
     assert (body["format"], body["version"]) == ("faultlens.checkpoint", 2)
     assert set(body["engine"]) == set(DYNAMIC)
 
 
 @pytest.mark.parametrize("value", [
-    None, b"", b"garbage", zlib.compress(b"[1, 2]"), zlib.compress(b'{"format": "faultlens.checkpoint", "version": 1}'),
-    zlib.compress(b'{"format": "faultlens.checkpoint", "version": 2, "key": "j", "next_offset": 0, "sources": {},'
-                  b' "engine": {"book": {"$o": "subprocess:Popen", "f": {}}}}'),
+    None, b"", b"garbage", zlib.compress(msgspec.msgpack.encode([1, 2])),
+    zlib.compress(msgspec.msgpack.encode({"format": "faultlens.checkpoint", "version": 1})),
+    zlib.compress(msgspec.msgpack.encode({"format": "faultlens.checkpoint", "version": 2, "key": "j", "next_offset": 0,
+                                          "sources": {}, "engine": {"book": {"$o": "subprocess:Popen", "f": {}}}})),
 ], ids=["null", "empty", "garbage", "a list", "old version", "a class not ours"])
 def test_an_unreadable_checkpoint_is_refused_by_name(value) -> None:
     with pytest.raises(CheckpointError):
@@ -109,7 +111,7 @@ def test_an_unreadable_checkpoint_is_refused_by_name(value) -> None:
 
 def test_a_pickled_checkpoint_is_never_unpickled(tmp_path) -> None:
     target = tmp_path / "pwned"
-    with pytest.raises(CheckpointError, match="not a JSON checkpoint"):
+    with pytest.raises(CheckpointError, match="not a checkpoint document"):
         restore(_pickled_checkpoint(target), 0, lambda key: _engine(), "job0000")
     assert not target.exists()
 
@@ -132,3 +134,12 @@ def test_marks_that_do_not_read_are_refused() -> None:
     for bad in (None, b"", b"null", b"[]", b'{"next_offset": -1}', b'{"next_offset": "5"}', b"\x80\x03pickle"):
         with pytest.raises(CheckpointError):
             read_mark(bad)
+
+
+def test_a_checkpoint_naming_a_class_not_ours_is_refused_and_nothing_is_built(tmp_path) -> None:
+    body = msgspec.msgpack.decode(zlib.decompress(snapshot(JobState("j", 0, _engine()))))
+    body["engine"]["book"] = {"$o": "subprocess:Popen", "f": {"args": ["touch", str(tmp_path / "x")]}}
+    body["engine"]["guard"] = {"$o": "faultlens.diagnosis.online.state:JobState", "f": {}}
+    with pytest.raises(CheckpointError, match="is not one a checkpoint may hold"):
+        restore(zlib.compress(msgspec.msgpack.encode(body)), 0, lambda key: _engine(), "j")
+    assert not (tmp_path / "x").exists()

@@ -1,19 +1,21 @@
-"""A JSON form of the engine's dynamic state: what a checkpoint holds, with no pickle anywhere.
+"""A data-only form of the engine's dynamic state: what a checkpoint holds, with no pickle anywhere.
 
 A checkpoint is read back from a Kafka topic, so whoever can write that topic
 chooses its bytes. Pickle runs code named by those bytes; this codec only ever
 builds plain data and instances of an explicit list of faultlens classes, and
 it never imports a module or calls anything a document names.
 
-``encode(value) -> JSON-ready builtins`` and ``decode(doc) -> value`` are
-exact inverses over what the engine's dynamic parts hold (tests/test_diag_state.py
-round-trips a busy engine):
+``encode(value) -> builtins`` (maps, arrays, strings, numbers: what MessagePack
+and JSON hold) and ``decode(doc) -> value`` are exact inverses over what the
+engine's dynamic parts hold (tests/test_diag_state.py round-trips a busy engine).
+The checkpoint writes the builtins as MessagePack (msgspec), which keeps NaN and
+Infinity (a NaN loss is state the NaN-loss diagnosis needs):
 
 =====================  =====================================================
-value                  JSON
+value                  form
 =====================  =====================================================
 None, bool, str, int   as they are (an int beyond 64 bits: ``{"$i": "123"}``)
-float                  as it is; NaN/Infinity: ``{"$F": "nan"}``
+float                  as it is (NaN and Infinity included)
 list / tuple           ``{"$l": [...]}`` / ``{"$t": [...]}``
 set / frozenset        ``{"$s": [...]}`` / ``{"$fs": [...]}``
 deque                  ``{"$q": [...], "max": maxlen}``
@@ -22,7 +24,8 @@ bytes                  ``{"$b": base64}``
 numpy array            ``{"$nd": base64, "dtype": "<f8", "shape": [..]}`` (dtypes allowed below)
 numpy Generator        ``{"$rng": bit generator state}`` (PCG64 only)
 a faultlens object     ``{"$o": "module:Class", "f": {attribute: value}}`` (classes in ``MODULES``)
-a record (msgspec)     ``{"$st": "module:Class", "f": {field: value}}``
+a record (msgspec)     ``{"$st": "module:Class", "v": its fields as builtins}`` (read back by msgspec,
+                       typed and checked)
 =====================  =====================================================
 
 Every mutable value carries ``"#": n`` the first time it appears and is
@@ -65,6 +68,16 @@ MODULES = frozenset({
 DTYPES = frozenset({"<f8", "<f4", "<i8", "<i4", "|b1", "|u1", "<u8", "<u4"})
 FACTORIES: dict[str, Any] = {"list": list, "set": set, "dict": dict, "int": int, "float": float}
 _INT64 = 1 << 63
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(seq: Any) -> bool:
+    """Only strings, 64-bit integers, floats, booleans and None: written as they are, in one go."""
+    for x in seq:
+        t = type(x)
+        if t not in _PLAIN or (t is int and not -_INT64 <= x < _INT64):
+            return False
+    return True
 
 
 class CodecError(FaultlensError):
@@ -113,7 +126,7 @@ class _Encoder:
         self.keep.append(o)
         return n
 
-    def enc(self, o: Any, path: str) -> Any:  # noqa: C901 - one branch per JSON form, see the table
+    def enc(self, o: Any, path: str) -> Any:  # noqa: C901 - one branch per form, see the table
         if o is None or o is True or o is False:
             return o
         t = type(o)
@@ -122,27 +135,41 @@ class _Encoder:
         if t is int:
             return o if -_INT64 <= o < _INT64 else {"$i": str(o)}
         if t is float:
-            return o if math.isfinite(o) else {"$F": repr(o)}
+            return o
         if isinstance(o, str):  # a StrEnum: its value, as a plain str
             return str.__str__(o)
         if isinstance(o, (np.generic,)):
             return self.enc(o.item(), path)
         if isinstance(o, (int, float)):  # IntEnum and the like
             return self.enc(int(o) if isinstance(o, int) else float(o), path)
+        # Immutable values (tuples, frozensets, records) are written where they stand: sharing
+        # one is invisible. Mutable ones are numbered, so that two holders still share after a restore.
+        if t is tuple:
+            return {"$t": list(o) if _plain(o) else [self.enc(x, f"{path}[]") for x in o]}
+        if t is frozenset:
+            return {"$fs": list(o) if _plain(o) else [self.enc(x, f"{path}[]") for x in o]}
+        if t is bytes:
+            return {"$b": base64.b64encode(o).decode()}
+        if isinstance(o, msgspec.Struct) and t.__struct_config__.frozen:
+            if t.__module__ not in MODULES:
+                raise CodecError(f"{path}: a {_name(t)} cannot be checkpointed")
+            return {"$st": _name(t), "v": msgspec.to_builtins(o)}
         ref = self.memo.get(id(o))
         if ref is not None:
             return {"$ref": ref}
-        if t is bytes:
-            return {"$b": base64.b64encode(o).decode()}
         n = self.number(o)
-        if t is list:
-            return {"$l": [self.enc(x, f"{path}[]") for x in o], "#": n}
-        if t is tuple:
-            return {"$t": [self.enc(x, f"{path}[]") for x in o], "#": n}
-        if t is set or t is frozenset:
-            return {"$s" if t is set else "$fs": [self.enc(x, f"{path}[]") for x in o], "#": n}
-        if t is collections.deque:
-            return {"$q": [self.enc(x, f"{path}[]") for x in o], "max": o.maxlen, "#": n}
+        if t is list or t is set or t is collections.deque:
+            tag = "$l" if t is list else "$s" if t is set else "$q"
+            out: dict[str, Any] = {tag: None, "#": n}
+            if t is collections.deque:
+                out["max"] = o.maxlen
+            if _plain(o):
+                out[tag] = list(o)
+            elif all(type(x) is tuple and _plain(x) for x in o):  # rows: (ts, value) histories
+                out[tag], out["rows"] = [list(x) for x in o], True
+            else:
+                out[tag] = [self.enc(x, f"{path}[]") for x in o]
+            return out
         if t is dict or t is collections.defaultdict:
             items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
             if t is dict:
@@ -165,9 +192,8 @@ class _Encoder:
         if t.__module__ not in MODULES:
             raise CodecError(f"{path}: a {_name(t)} cannot be checkpointed (add its module to codec.MODULES "
                              "if it is plain data)")
-        if isinstance(o, msgspec.Struct):
-            return {"$st": _name(t), "f": {f: self.enc(getattr(o, f), f"{path}.{f}") for f in o.__struct_fields__},
-                    "#": n}
+        if isinstance(o, msgspec.Struct):  # a mutable record
+            return {"$st": _name(t), "v": msgspec.to_builtins(o), "#": n}
         fields = dict(vars(o)) if hasattr(o, "__dict__") else {}
         for s in _slots(t):
             if hasattr(o, s):
@@ -196,9 +222,13 @@ class _Decoder:
         items = doc[tag]
         if not isinstance(items, list):
             raise CodecError(f"{tag} holds no list")
+        if doc.get("rows"):  # plain tuples, written as lists
+            if not all(isinstance(x, list) for x in items):
+                raise CodecError(f"{tag}: rows that are not lists")
+            return [{"$t": x} for x in items]
         return items
 
-    def dec(self, d: Any) -> Any:  # noqa: C901 - one branch per JSON form, see the table
+    def dec(self, d: Any) -> Any:  # noqa: C901 - one branch per form, see the table
         if d is None or isinstance(d, (bool, str, int, float)):
             return d
         if isinstance(d, list):
@@ -275,9 +305,8 @@ class _Decoder:
             cls = _lookup(d["$st"])
             if not issubclass(cls, msgspec.Struct):
                 raise CodecError(f"{d['$st']} is not a record")
-            fields = self.fields(d)
             try:
-                return self.put(d, cls(**fields))
+                return self.put(d, msgspec.convert(d.get("v"), cls))
             except (TypeError, ValueError, msgspec.ValidationError) as exc:
                 raise CodecError(f"{d['$st']}: {exc}") from None
         if "$o" in d:

@@ -20,8 +20,8 @@ Each checkpoint round ends with a marker (key ``~mark``) per partition: the
 offset from which a new owner replays. Keys checkpointed in a round that did
 not finish are newer than the marker and skip what they already hold.
 
-A checkpoint is a versioned JSON document (zlib-compressed; docs/schemas.md,
-"Diagnosis checkpoints"): ``{"format": "faultlens.checkpoint", "version": 2,
+A checkpoint is a versioned MessagePack document (msgspec, zlib-compressed;
+docs/schemas.md, "Diagnosis checkpoints"): ``{"format": "faultlens.checkpoint", "version": 2,
 "key", "next_offset", "sources", "outbox", "topology", "engine": {part: ...}}``,
 each dynamic part written by diagnosis/online/codec.py, which builds only plain
 data and instances of faultlens's own classes. Nothing read back from the
@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from faultlens.config import Config
@@ -54,6 +55,7 @@ FORMAT = "faultlens.checkpoint"
 VERSION = 2  # 1 was a pickle: never read again
 MARK_VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024  # a checkpoint inflating past this is refused (a zlib bomb)
+_MSGPACK = msgspec.msgpack.Encoder()
 
 
 class CheckpointError(FaultlensError):
@@ -126,7 +128,7 @@ def snapshot(state: JobState) -> bytes:
                 "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
                 "topology": codec.encode(state.topology, "topology"),
                 "engine": {name: codec.encode(_get(engine, name), name) for name in DYNAMIC}}
-        raw = orjson.dumps(body)
+        raw = _MSGPACK.encode(body)
     finally:
         for name, value in cut.items():
             _set(engine, name, value)
@@ -149,9 +151,9 @@ def read_body(value: bytes | None) -> dict[str, Any]:
     if not value:
         raise CheckpointError("null or empty checkpoint")
     try:
-        body = orjson.loads(_inflate(value))
-    except orjson.JSONDecodeError as exc:
-        raise CheckpointError(f"not a JSON checkpoint (an old pickle, or garbage): {exc}") from None
+        body = msgspec.msgpack.decode(_inflate(value))  # untyped: builtins only, whatever the bytes
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CheckpointError(f"not a checkpoint document (an old pickle, or garbage): {exc}") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise CheckpointError("not a faultlens checkpoint document")
     if body.get("version") != VERSION:
