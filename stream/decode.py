@@ -101,33 +101,41 @@ _PLANS: dict[type, tuple[_Field, ...]] = {}
 
 @dataclass(frozen=True, slots=True)
 class TimeBounds:
-    """The times a record may carry: ``[earliest_ts, reader's clock + max_future_s]`` (``[time]``)."""
+    """The times a record may carry: ``[earliest_ts, reader's clock + max_future_s]`` (``[time]``).
+
+    Actions and commands are stamped by diagnosis, whose clock never leads the wall clock by more
+    than ``max_clock_skew_s``: one dated further ahead is forged or damaged (``ts_future``), and a
+    runner or agent must not act on it."""
 
     earliest_ts: float = 946_684_800.0  # 2000-01-01T00:00:00Z
     max_future_s: float = 86_400.0
+    max_clock_skew_s: float = 300.0
 
     @classmethod
     def from_config(cls, config: Any) -> TimeBounds:
         t = config.time
-        return cls(earliest_ts=t.earliest_ts, max_future_s=t.max_future_s)
+        return cls(earliest_ts=t.earliest_ts, max_future_s=t.max_future_s, max_clock_skew_s=t.max_clock_skew_s)
 
-    def latest(self, now: float | None = None) -> float:
-        return (time.time() if now is None else now) + self.max_future_s
+    def latest(self, now: float | None = None, kind: str = "") -> float:
+        ahead = self.max_clock_skew_s if kind in DECIDED_KINDS else self.max_future_s
+        return (time.time() if now is None else now) + ahead
 
-    def problem(self, ts: float, now: float | None = None) -> tuple[str, str] | None:
+    def problem(self, ts: float, now: float | None = None, kind: str = "") -> tuple[str, str] | None:
         """``(reason, detail)`` when ``ts`` is outside the bounds, else None."""
-        latest = self.latest(now)
+        latest = self.latest(now, kind)
         if self.earliest_ts <= ts <= latest:
             return None
         if ts > latest:
             for scale, reason in ((1e3, "ts_milliseconds"), (1e6, "ts_microseconds"), (1e9, "ts_nanoseconds")):
                 if max(self.earliest_ts, _Y2000) <= ts / scale <= latest:
                     return reason, f"ts {ts!r} is seconds since 1970 times {scale:g}: a stamp in the wrong unit"
-            return "ts_future", f"ts {ts!r} is {ts - latest + self.max_future_s:.0f} s ahead of this clock " \
-                                f"(limit time.max_future_s={self.max_future_s:g})"
+            limit = "time.max_clock_skew_s" if kind in DECIDED_KINDS else "time.max_future_s"
+            return "ts_future", f"ts {ts!r} is {ts - time.time():.0f} s ahead of this clock (limit {limit})"
         return "ts_past", f"ts {ts!r} is before time.earliest_ts={self.earliest_ts:g} (a clock left at 1970?)"
 
 
+# What diagnosis decides (stamped on its own bounded clock, acted on by the runner and the agents).
+DECIDED_KINDS = frozenset({"actions", "commands"})
 _Y2000 = 946_684_800.0  # a stamp in another unit is named so only when it reads as a recent time
 _BOUNDS: list[TimeBounds] = [TimeBounds()]
 
@@ -154,7 +162,7 @@ def check_time(record: Any, kind: str, now: float | None = None) -> Any:
     A job topology stamped 0 has no time (a hand-written job.json): it is kept, and moves no clock."""
     ts = _time_field(record)
     if ts is not None and not (ts == 0.0 and kind == "jobs"):
-        problem = _BOUNDS[0].problem(ts, now)
+        problem = _BOUNDS[0].problem(ts, now, kind)
         if problem is not None:
             raise SchemaError(problem[0], kind=kind, detail=problem[1])
     return record

@@ -70,6 +70,24 @@ def test_an_iso_time_in_2100_and_a_future_dated_action_are_refused() -> None:
         schema.decode("actions", schema.encode(action))
 
 
+def test_the_runner_refuses_an_action_dated_an_hour_ahead(tmp_path) -> None:
+    """Actions are stamped on diagnosis's bounded clock: one dated past the skew is not acted on."""
+    import orjson
+
+    from faultlens.config import RunnerConfig
+    from faultlens.diagnosis.runner import ActionRunner
+
+    ahead = schema.Action(id="act-ahead", incident_id="inc-1", job="j1", ts=time.time() + 3600, type="evict_nodes",
+                          nodes=["n1"], confidence=0.99, reason="Xid 79")
+    runner = ActionRunner(Config(runner=RunnerConfig(state_path=str(tmp_path / "ledger.jsonl"))))
+    out = runner.handle(orjson.dumps(schema.cloudevent(ahead)))
+    assert out.dead_letter is not None and out.dead_letter.reason == "ts_future"
+    assert out.status is not None and out.status.status == "refused"
+    on_time = schema.Action(id="act-now", incident_id="inc-1", job="j1", ts=time.time() + 60, type="notify",
+                            nodes=[], confidence=0.99, reason="Xid 79")
+    assert runner.handle(orjson.dumps(schema.cloudevent(on_time))).dead_letter is None
+
+
 def test_time_bounds_come_from_the_config() -> None:
     from faultlens.config import load_config
 

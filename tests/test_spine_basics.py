@@ -90,7 +90,7 @@ def test_produce_and_consume_through_the_embedded_broker(bus) -> None:
     ensure_topics(bus)
     with Producer(bus) as producer:
         for i in range(50):
-            producer.send(schema.GpuSample(ts=float(i), node=f"n{i % 4}", gpus=[schema.GpuState(index=0)]))
+            producer.send(schema.GpuSample(ts=1_760_000_000.0 + i, node=f"n{i % 4}", gpus=[schema.GpuState(index=0)]))
         producer.flush()
     consumer = Consumer(bus, ["gpu"], group_id="g-basic")
     got = []
@@ -100,4 +100,4 @@ def test_produce_and_consume_through_the_embedded_broker(bus) -> None:
     consumer.close()
     assert len(got) == 50
     assert {m.key for m in got} == {"n0", "n1", "n2", "n3"}
-    assert sorted(schema.decode("gpu", m.value).ts for m in got) == [float(i) for i in range(50)]
+    assert sorted(schema.decode("gpu", m.value).ts for m in got) == [1_760_000_000.0 + i for i in range(50)]
