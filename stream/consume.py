@@ -68,7 +68,8 @@ class ConsumeLoop:
     def __init__(self, consumer: Consumer, handle: Handler, *, producer: Producer | None = None,
                  name: str = "consumer", max_records: int = 2000, poll_ms: int = 100,
                  hold_back: Callable[[], dict[tuple[str, int], int]] | None = None,
-                 on_idle: Callable[[], None] | None = None, backoff_s: float = 1.0):
+                 on_idle: Callable[[], None] | None = None, backoff_s: float = 1.0, metrics: Any = None):
+        """``metrics``: a faultlens.metrics.ServiceMetrics; dead letters count in its ``dead_letters``."""
         self.consumer = consumer
         self.handle = handle
         self.producer = producer
@@ -78,6 +79,7 @@ class ConsumeLoop:
         self.hold_back = hold_back
         self.on_idle = on_idle
         self.backoff_s = backoff_s
+        self.metrics = metrics
         self.stats = LoopStats()
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset handled
 
@@ -173,6 +175,8 @@ class ConsumeLoop:
                     detail[:200])
         self.stats.dead_letters += 1
         self.stats.by_reason[reason] = self.stats.by_reason.get(reason, 0) + 1
+        if self.metrics is not None:
+            self.metrics.dead_letters.labels(topic=m.topic, reason=reason).inc()
         if self.producer is None:
             return
         letter = schema.DeadLetter(ts=time.time(), topic=m.topic, partition=m.partition, offset=m.offset,

@@ -166,11 +166,16 @@ def test_the_consume_loop_dead_letters_tombstones_before_any_handler_sees_them(c
             m.value.decode()  # a handler that assumes bytes: a tombstone would raise here
             seen.append(m.offset)
 
-    loop = ConsumeLoop(_FakeConsumer(msgs), handle, name="runner")
+    from faultlens.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics("runner")
+    loop = ConsumeLoop(_FakeConsumer(msgs), handle, name="runner", metrics=metrics)
     with caplog.at_level(logging.WARNING):
         assert loop.step() == 3
     assert seen == [2]
     assert loop.stats.by_reason == {"tombstone": 1, "empty_message": 1} and loop.stats.handler_errors == 0
+    labels = {"topic": "t.actions", "reason": "tombstone"}
+    assert metrics.registry.get_sample_value("faultlens_dead_letters_total", labels) == 1.0
     assert not [r for r in caplog.records if r.exc_info], "no traceback for a tombstone"
 
 

@@ -463,7 +463,8 @@ class DiagnosisService:
                     self._apply(rep)
 
             loop = self._diag_loop = ConsumeLoop(consumer, handle, producer=producer, name="diagnosis",
-                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()})
+                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()},
+                                                 metrics=self.metrics)
             repartitioner.dead_letter = loop.dead_letter  # a job topology that does not decode
             if self._webhook is not None:
                 threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
