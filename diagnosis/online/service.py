@@ -23,7 +23,9 @@ that its checkpoint says it took.
 
 Time is each partition's stream time (the newest record time seen there), so a
 partition replayed after a failover is judged on its own clock, and one
-instance or four decide the same. Engines tick once a second of wall time.
+instance or four decide the same; it never leads the wall clock by more than
+``time.max_clock_skew_s`` (one record stamped 2100 must not move every job of
+its partition to 2100). Engines tick once a second of wall time.
 """
 
 from __future__ import annotations

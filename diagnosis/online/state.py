@@ -110,8 +110,8 @@ class JobState:
         return False
 
 
-# References from the dynamic state to static parts: cut before pickling, re-made on restore (a
-# per-object persistent_id hook would cost a Python call for every object of every checkpoint).
+# References from the dynamic state to static parts (a bound method of the node-health store):
+# cut before a checkpoint is written, re-made on restore from the new owner's own parts.
 STATIC_REFS: dict[str, Callable[[DiagnosisEngine], Any]] = {
     "book.prior_blames": lambda e: e.node_health.prior_blames if e.node_health is not None else None,
 }
