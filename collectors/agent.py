@@ -44,7 +44,7 @@ from faultlens.config import Config
 from faultlens.errors import BusError
 from faultlens.signatures import is_ordinary
 from faultlens.stream import schema, topics
-from faultlens.stream.decode import encode_wire
+from faultlens.stream.decode import encode_wire, time_bounds
 from faultlens.stream.schema import StackDump
 
 log = logging.getLogger(__name__)
@@ -179,8 +179,11 @@ class Agent:
         urgent = False
         for record in records:
             kind = type(record).KIND
-            if kind in ("kernel", "nccl") and record.ts <= 0:
-                record = schema.replace(record, ts=self.clock())
+            if kind in ("kernel", "nccl") and (record.ts <= 0 or time_bounds().problem(record.ts) is not None):
+                # No time, or one no reader accepts (another boot's uptime, a year guessed wrong): the
+                # agent's clock, marked estimated, rather than a dead letter downstream.
+                record = schema.replace(record, ts=self.clock(), fields={
+                    **record.fields, "ts_estimated": True, "ts_anchor": f"agent clock (line said {record.ts:.0f})"})
             entries.append((kind, getattr(record, topics.KEY_FIELD[kind], None), encode_wire(record)))
             urgent = urgent or kind not in PERIODIC_KINDS or (kind == "gpu" and any(g.lost for g in record.gpus))
         if entries:

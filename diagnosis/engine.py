@@ -4,7 +4,9 @@ One code path for online and batch: the online service feeds it records from
 the bus and calls ``tick`` every second of wall time; the batch path feeds a
 directory's records in time order and calls ``tick`` on event time. Time is
 always the records' own timestamps, never the clock, so a replay of the same
-records gives the same incidents.
+records gives the same incidents; but it never runs ahead of the wall clock by
+more than ``time.max_clock_skew_s``: one record stamped 2100 must not move a
+job's clock (its actions would be dated 2100 and its incidents close at once).
 
 Pipeline per record: rules (NVML counters here; log lines via diagnosis.classify
 when it is installed, and the policy's signal matchers) and pluggable detectors
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -166,7 +169,7 @@ class DiagnosisEngine:
         record = self._last_known.fill(record)
         ts = getattr(record, "ts", None) if not isinstance(record, ActionStatus) else None  # the runner's clock
         if isinstance(ts, (int, float)) and ts > self.now:
-            self.now = float(ts)
+            self._advance(float(ts))
         try:
             self._observe(record)
         except Exception:  # a bad record is counted and skipped; it never stops the service
@@ -409,7 +412,7 @@ class DiagnosisEngine:
     def tick(self, now: float | None = None, *, final: bool = False) -> list[Output]:
         """Advance time: detectors' periodic work, hang checks, stack workflow, closing quiet incidents."""
         if now is not None and now > self.now:
-            self.now = now
+            self._advance(now)
         now = self.now
         self._final = final
         for det in self.detectors:
@@ -437,6 +440,17 @@ class DiagnosisEngine:
         self.book.close_idle(now if not final else now + 1e9)
         self.book.inhibitor.forget_before(now)
         return self._drain()
+
+    def _advance(self, ts: float) -> None:
+        """Event time moves to ``ts``, but never past the wall clock plus ``time.max_clock_skew_s``."""
+        latest = time.time() + self.config.time.max_clock_skew_s
+        if ts > latest:
+            n = self.counts["future_records"] = self.counts.get("future_records", 0) + 1
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: seen, never a flood
+                log.warning("a record stamped %.0f is %.0f s ahead of the wall clock: event time stops at the "
+                            "clock + time.max_clock_skew_s", ts, ts - latest + self.config.time.max_clock_skew_s)
+            ts = latest
+        self.now = max(self.now, ts)
 
     def _check_progress(self, job: JobState, now: float, *, final: bool = False) -> None:
         """Steps stopped while the hosts are alive (diagnosis.progress): open (or join) the job's hang."""

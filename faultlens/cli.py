@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides=args.overrides, flags={"bus.bootstrap_servers": args.bootstrap_servers})
         logsafe.register_secrets(config.secrets())
+        from faultlens.stream.decode import TimeBounds, set_time_bounds
+
+        set_time_bounds(TimeBounds.from_config(config))  # every decoder of this process: [time] bounds
         return int(module.run(args, config) or 0)
     except FaultlensError as exc:
         print(f"faultlens {args.command}: error: {exc}", file=sys.stderr)

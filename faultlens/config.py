@@ -190,6 +190,19 @@ class AdaptationConfig:
 
 
 @dataclass(frozen=True)
+class TimeConfig:
+    """What a record's time may be (stream/decode.py refuses the rest) and how far a job's clock may lead.
+
+    A stamp in milliseconds or microseconds, a clock set to 2100 or left at 1970 is a damaged
+    record, not a time: it is dead-lettered with its reason, never stored or judged on.
+    """
+
+    earliest_ts: float = 946_684_800.0  # 2000-01-01T00:00:00Z: older is a clock left at 1970 (or a boot-relative time)
+    max_future_s: float = 86_400.0  # a record stamped further ahead of the reader's clock is refused
+    max_clock_skew_s: float = 300.0  # a job's diagnosis clock never leads the wall clock by more
+
+
+@dataclass(frozen=True)
 class UiConfig:
     host: str = "127.0.0.1"
     port: int = 8501
@@ -205,6 +218,7 @@ class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
     adaptation: AdaptationConfig = field(default_factory=AdaptationConfig)
+    time: TimeConfig = field(default_factory=TimeConfig)
     ui: UiConfig = field(default_factory=UiConfig)
 
     def secrets(self) -> list[str]:

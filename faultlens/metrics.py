@@ -40,6 +40,7 @@ Families (every name starts with ``faultlens_``; label names in braces):
 | webhook_failures   | faultlens_webhook_failures_total         | counter | diagnosis (Alertmanager webhook) |
 | actions_suppressed | faultlens_actions_suppressed_total{reason} | counter | diagnosis: actions the guard suppressed or downgraded (duplicate, confidence, job_cap, fleet_cap, breaker, storm, guard_unavailable) |
 | guard_breakers_open | faultlens_guard_breakers_open{scope}    | gauge   | diagnosis: open breakers, scope fleet (0/1) or job (how many jobs) |
+| checkpoints_unreadable | faultlens_checkpoints_unreadable_total{what} | counter | diagnosis: checkpoints/markers that did not read (job started afresh) |
 
 deploy/prometheus/faultlens-alerts.yml holds alert rules over these names:
 renaming one is a contract change.
@@ -98,6 +99,10 @@ class ServiceMetrics:
                                     ["category"], registry=r)
         self.actions = Counter("faultlens_actions", "Remediation actions, by type and outcome.",
                                ["type", "status"], registry=r)
+        self.checkpoints_unreadable = Counter(
+            "faultlens_checkpoints_unreadable",
+            "Diagnosis checkpoints or markers a restore could not read (that job started afresh), by what.",
+            ["what"], registry=r)
         self.webhook_failures = Counter("faultlens_webhook_failures",
                                         "Incident webhook deliveries that failed after all retries.", registry=r)
         self.actions_suppressed = Counter("faultlens_actions_suppressed",

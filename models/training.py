@@ -164,7 +164,10 @@ def lake_rows(lake: Path, *, window_s: float) -> Any:
         files = list((lake / name).glob("**/*.parquet"))
         if not files:
             raise LakeError(f"{lake}: no Parquet files for table {name}")
-        return f"read_parquet('{lake / name}/**/*.parquet', hive_partitioning=true, union_by_name=true)"
+        from faultlens.stream.catalog import sql_literal
+
+        glob = sql_literal(f"{lake / name}/**/*.parquet")
+        return f"read_parquet({glob}, hive_partitioning=true, union_by_name=true)"
 
     con = duckdb.connect()
 

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 from faultlens.errors import BrokerStartError
 
@@ -58,7 +59,7 @@ class EmbeddedBroker:
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -68,7 +69,7 @@ class EmbeddedBroker:
         if self.proc and self.proc.poll() is None:
             return self
         url = f"tcp://127.0.0.1:{self.port}"
-        self._log_file = tempfile.NamedTemporaryFile(prefix="faultlens-tansu-", suffix=".log", delete=False)
+        log_file = self._log_file = tempfile.NamedTemporaryFile(prefix="faultlens-tansu-", suffix=".log", delete=False)
         cmd = [
             tansu_binary(),
             "broker",
@@ -80,10 +81,10 @@ class EmbeddedBroker:
         # Own process group: a Ctrl-C on the terminal reaches us, and we stop
         # the broker in order rather than racing it.
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self._wait_ready()
-        log.info("embedded broker (Tansu) up at %s, log %s", self.bootstrap, self._log_file.name)
+        log.info("embedded broker (Tansu) up at %s, log %s", self.bootstrap, log_file.name)
         return self
 
     def _wait_ready(self) -> None:

@@ -70,6 +70,16 @@ def manifest_glob(lake: Path) -> str:
     return (lake / MANIFEST_DIR / "m-*.parquet").as_posix()
 
 
+def sql_literal(text: str) -> str:
+    """``text`` as one SQL string literal: a lake path with ``'`` (or ``"``, spaces) stays one path.
+
+    Views cannot take bound parameters, so their paths are quoted here; a statement that can
+    binds them instead (``read_parquet(?)``)."""
+    if "\x00" in text:
+        raise LakeError(f"a path with a NUL character cannot be read: {text!r}")
+    return "'" + text.replace("'", "''") + "'"
+
+
 class Catalog:
     """The processor's DuckDB file: the offset manifest, mirrored from the lake."""
 
@@ -113,8 +123,9 @@ class Catalog:
         before = self.db.execute("SELECT count(*) FROM manifest").fetchone()[0]
         self.db.execute(
             f"""INSERT INTO manifest SELECT {", ".join(f'"{n}"' for n in MANIFEST_SCHEMA.names)}
-                FROM read_parquet('{manifest_glob(self.lake)}') m
-                WHERE m.commit_id NOT IN (SELECT DISTINCT commit_id FROM manifest)"""
+                FROM read_parquet(?) m
+                WHERE m.commit_id NOT IN (SELECT DISTINCT commit_id FROM manifest)""",
+            [manifest_glob(self.lake)],
         )
         # Merged manifest files may repeat rows; keep one of each.
         self.db.execute("CREATE OR REPLACE TEMP TABLE _m AS SELECT DISTINCT * FROM manifest")
@@ -220,16 +231,11 @@ def _empty_select(arrow_schema: pa.Schema) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def sql_string(text: str) -> str:
-    """``text`` as a SQL string literal (a lake path may hold a quote: /data/bob's-lake)."""
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _source(lake: Path, table: str, arrow_schema: pa.Schema) -> str:
     if not any((lake / table).glob("date=*/hour=*/*.parquet")):
         return f"({_empty_select(arrow_schema)})"
-    glob = sql_string((lake / table / "date=*" / "hour=*" / "*.parquet").as_posix())
-    return (f"read_parquet({glob}, hive_partitioning=true, union_by_name=true, "
+    glob = (lake / table / "date=*" / "hour=*" / "*.parquet").as_posix()
+    return (f"read_parquet({sql_literal(glob)}, hive_partitioning=true, union_by_name=true, "
             "hive_types={'date': DATE, 'hour': BIGINT})")
 
 
@@ -260,7 +266,7 @@ def create_views(db: Any, lake_path: str | os.PathLike[str]) -> None:
            LEFT JOIN latest s ON s.action_id = a.id"""
     )
     if any((lake / MANIFEST_DIR).glob("m-*.parquet")):
-        db.execute(f"CREATE OR REPLACE VIEW manifest AS SELECT * FROM read_parquet({sql_string(manifest_glob(lake))})")
+        db.execute(f"CREATE OR REPLACE VIEW manifest AS SELECT * FROM read_parquet({sql_literal(manifest_glob(lake))})")
     else:
         db.execute(f"CREATE OR REPLACE VIEW manifest AS {_empty_select(MANIFEST_SCHEMA)}")
 

@@ -13,6 +13,9 @@ Failure handling, by phase:
 * the handler fails on effects (``BusError`` from a flush): nothing is
   committed and the partitions are rewound to the batch's first offsets, so the
   batch is delivered again;
+* a null value (a tombstone) or an empty one never reaches the handler: no
+  service's input is keyed state that a tombstone deletes, so it is a poison
+  message, dead-lettered (reason ``tombstone`` / ``empty_message``) and counted;
 * the handler fails on data (any other exception): the batch is retried one
   message at a time, and each message that still fails is dead-lettered
   (topic ``deadletter``, with the reason) and skipped: a poison message never
@@ -65,7 +68,8 @@ class ConsumeLoop:
     def __init__(self, consumer: Consumer, handle: Handler, *, producer: Producer | None = None,
                  name: str = "consumer", max_records: int = 2000, poll_ms: int = 100,
                  hold_back: Callable[[], dict[tuple[str, int], int]] | None = None,
-                 on_idle: Callable[[], None] | None = None, backoff_s: float = 1.0):
+                 on_idle: Callable[[], None] | None = None, backoff_s: float = 1.0, metrics: Any = None):
+        """``metrics``: a faultlens.metrics.ServiceMetrics; dead letters count in its ``dead_letters``."""
         self.consumer = consumer
         self.handle = handle
         self.producer = producer
@@ -75,6 +79,7 @@ class ConsumeLoop:
         self.hold_back = hold_back
         self.on_idle = on_idle
         self.backoff_s = backoff_s
+        self.metrics = metrics
         self.stats = LoopStats()
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset handled
 
@@ -92,7 +97,8 @@ class ConsumeLoop:
         if batch:
             self.stats.polled += len(batch)
             self.stats.batches += 1
-            if not self._handle(batch):
+            valued = self._without_empty(batch)
+            if valued and not self._handle(valued):
                 return 0
             for m in batch:
                 self._uncommitted[(m.topic, m.partition)] = max(self._uncommitted.get((m.topic, m.partition), 0),
@@ -101,6 +107,18 @@ class ConsumeLoop:
             self.on_idle()
         self.commit()
         return len(batch)
+
+    def _without_empty(self, batch: Sequence[Message]) -> list[Message]:
+        """The batch less its null and empty values, each of those dead-lettered."""
+        out = []
+        for m in batch:
+            if m.value:
+                out.append(m)
+            elif m.value is None:
+                self.dead_letter(m, "tombstone", f"a null value (tombstone) on {m.topic}: no record to handle")
+            else:
+                self.dead_letter(m, "empty_message", f"an empty value on {m.topic}: no record to handle")
+        return out
 
     def _handle(self, batch: Sequence[Message]) -> bool:
         started = time.perf_counter()
@@ -153,8 +171,12 @@ class ConsumeLoop:
 
     def dead_letter(self, m: Message, reason: str, detail: str) -> None:
         """Keep a message that cannot be handled, with why, on the deadletter topic."""
+        log.warning("%s: %s[%d]@%d dead-lettered: %s: %s", self.name, m.topic, m.partition, m.offset, reason,
+                    detail[:200])
         self.stats.dead_letters += 1
         self.stats.by_reason[reason] = self.stats.by_reason.get(reason, 0) + 1
+        if self.metrics is not None:
+            self.metrics.dead_letters.labels(topic=m.topic, reason=reason).inc()
         if self.producer is None:
             return
         letter = schema.DeadLetter(ts=time.time(), topic=m.topic, partition=m.partition, offset=m.offset,

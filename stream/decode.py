@@ -19,7 +19,12 @@ Tolerant by field, strict by identity (DESIGN.md):
 * Only a record whose identity is unusable is refused (``SchemaError``, then a
   dead letter): a required field (declared without a default: node, ts, kind,
   a GPU's index...) missing or unreadable, a non-finite time, an unreadable
-  version, a payload that is no JSON or MessagePack object. A GPU entry without
+  version, a payload that is no JSON or MessagePack object, a null value or
+  tombstone, and a time outside ``TimeBounds`` (``[time]`` in the config):
+  before ``earliest_ts`` (a clock at 1970) or more than ``max_future_s`` ahead
+  of the reader's clock (a stamp in milliseconds or microseconds, a clock at
+  2100). Every path (typed, per-field, MessagePack, the processor's batch
+  paths) checks time here, so none can let such a record through. A GPU entry without
   a usable index is dropped alone; its sample's other GPUs stay.
 
 Speed: a message whose values already have the declared types (what
@@ -38,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +94,78 @@ class _Field:
 
 
 _PLANS: dict[type, tuple[_Field, ...]] = {}
+
+
+# --------------------------------------------------------------------------- time bounds
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBounds:
+    """The times a record may carry: ``[earliest_ts, reader's clock + max_future_s]`` (``[time]``).
+
+    Actions and commands are stamped by diagnosis, whose clock never leads the wall clock by more
+    than ``max_clock_skew_s``: one dated further ahead is forged or damaged (``ts_future``), and a
+    runner or agent must not act on it."""
+
+    earliest_ts: float = 946_684_800.0  # 2000-01-01T00:00:00Z
+    max_future_s: float = 86_400.0
+    max_clock_skew_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: Any) -> TimeBounds:
+        t = config.time
+        return cls(earliest_ts=t.earliest_ts, max_future_s=t.max_future_s, max_clock_skew_s=t.max_clock_skew_s)
+
+    def latest(self, now: float | None = None, kind: str = "") -> float:
+        ahead = self.max_clock_skew_s if kind in DECIDED_KINDS else self.max_future_s
+        return (time.time() if now is None else now) + ahead
+
+    def problem(self, ts: float, now: float | None = None, kind: str = "") -> tuple[str, str] | None:
+        """``(reason, detail)`` when ``ts`` is outside the bounds, else None."""
+        latest = self.latest(now, kind)
+        if self.earliest_ts <= ts <= latest:
+            return None
+        if ts > latest:
+            for scale, reason in ((1e3, "ts_milliseconds"), (1e6, "ts_microseconds"), (1e9, "ts_nanoseconds")):
+                if max(self.earliest_ts, _Y2000) <= ts / scale <= latest:
+                    return reason, f"ts {ts!r} is seconds since 1970 times {scale:g}: a stamp in the wrong unit"
+            limit = "time.max_clock_skew_s" if kind in DECIDED_KINDS else "time.max_future_s"
+            return "ts_future", f"ts {ts!r} is {ts - time.time():.0f} s ahead of this clock (limit {limit})"
+        return "ts_past", f"ts {ts!r} is before time.earliest_ts={self.earliest_ts:g} (a clock left at 1970?)"
+
+
+# What diagnosis decides (stamped on its own bounded clock, acted on by the runner and the agents).
+DECIDED_KINDS = frozenset({"actions", "commands"})
+_Y2000 = 946_684_800.0  # a stamp in another unit is named so only when it reads as a recent time
+_BOUNDS: list[TimeBounds] = [TimeBounds()]
+
+
+def set_time_bounds(bounds: TimeBounds) -> None:
+    """The bounds every decode in this process applies (each service sets them from its config at start)."""
+    _BOUNDS[0] = bounds
+
+
+def time_bounds() -> TimeBounds:
+    return _BOUNDS[0]
+
+
+def _time_field(record: Any) -> float | None:
+    ts = getattr(record, "ts", None)
+    if ts is None:
+        ts = getattr(record, "updated_ts", None)  # an incident
+    return ts if isinstance(ts, (int, float)) else None
+
+
+def check_time(record: Any, kind: str, now: float | None = None) -> Any:
+    """``record`` when its time is inside the bounds; else SchemaError with the reason.
+
+    A job topology stamped 0 has no time (a hand-written job.json): it is kept, and moves no clock."""
+    ts = _time_field(record)
+    if ts is not None and not (ts == 0.0 and kind == "jobs"):
+        problem = _BOUNDS[0].problem(ts, now, kind)
+        if problem is not None:
+            raise SchemaError(problem[0], kind=kind, detail=problem[1])
+    return record
 
 
 def _plan(cls: type) -> tuple[_Field, ...]:
@@ -199,7 +277,8 @@ def _check(record: Any, kind: str) -> Any:
     ts = getattr(record, "ts", 0.0)
     if ts - ts != 0.0:  # NaN or infinite (MessagePack can carry them)
         raise SchemaError("bad_type", kind=kind, detail=f"ts: not finite: {ts!r}")
-    if not -MAX_TS <= ts <= MAX_TS:  # no calendar (nor the lake's hour partitions) holds it
+    check_time(record, kind)  # ms/us stamps, 2100, 1970: the reason names which
+    if not -MAX_TS <= ts <= MAX_TS:  # no calendar (nor the lake's hour partitions) holds it (bounds set wide)
         raise SchemaError("out_of_range", kind=kind, detail=f"ts: {ts!r}")
     return record
 
@@ -285,6 +364,8 @@ def _parse_json(payload: bytes | str, kind: str) -> Any:
 def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None = None,
            issues: list[FieldIssue] | None = None) -> Any:
     """Bytes from the bus -> record; SchemaError(reason) when the record cannot be had."""
+    if payload is None:
+        raise SchemaError("tombstone", kind=kind, detail="a null value (tombstone) carries no record")
     if not payload:
         raise SchemaError("empty_message", kind=kind)
     if len(payload) > schema.MAX_MESSAGE_BYTES:

@@ -135,7 +135,18 @@ def _json_gpu_batch(values: Sequence[bytes]) -> list[schema.GpuSample] | None:
     readable = schema.READABLE_VERSIONS
     if len(recs) != len(values) or any(s.v not in readable for s in recs):
         return None  # a message that held two objects, or a version we cannot read
+    if not _times_in_bounds([s.ts for s in recs]):
+        return None  # a stamp in ms, at 2100 or 1970: the per-message decoder dead-letters it, with the reason
     return recs
+
+
+def _times_in_bounds(times: Any) -> bool:
+    """Every time of a batch finite and inside the decoder's bounds (decode.TimeBounds)."""
+    ts = np.asarray(times, np.float64)
+    if not len(ts):
+        return True
+    bounds = dec.time_bounds()
+    return bool(np.isfinite(ts).all()) and bounds.earliest_ts <= float(ts.min()) and float(ts.max()) <= bounds.latest()
 
 
 class _Columns(msgspec.Struct):
@@ -207,9 +218,10 @@ def _layout_table(msgs: list[_Columns], cols: str, n: int) -> pa.Table | None:
     blobs = list(map(_DATA, msgs))
     if list(map(len, blobs)) != [width] * m:
         return None
-    ts = pa.array(list(map(_TS, msgs)), pa.float64())
-    if not pc.all(pc.is_finite(ts)).as_py() or pc.max(pc.abs(ts)).as_py() > dec.MAX_TS:
+    times = list(map(_TS, msgs))
+    if not _times_in_bounds(times):
         return None  # the per-message decoder says which message and why
+    ts = pa.array(times, pa.float64())
     # One copy puts every column's values of the batch side by side (column-major).
     floats = np.frombuffer(b"".join(blobs), "<f8").reshape(m, len(names), n).transpose(1, 0, 2).reshape(len(names), m * n)
     ints = floats.view("<i8")
@@ -309,7 +321,7 @@ def _fast_gpu(records: Sequence[Any]) -> pa.Table | None:
     """The whole batch in one typed call, when every message is of one wire format and fine."""
     values = list(map(_VALUE, records))
     if None in values:
-        return None
+        return None  # a tombstone: dead-lettered message by message
     lengths = list(map(len, values))
     if min(lengths) == 0 or max(lengths) > schema.MAX_MESSAGE_BYTES:
         return None

@@ -25,7 +25,7 @@ NAMES = (
     "diag-changelog",
     "diag-guard",
 )
-# Internal topics of the online diagnosis (diagnosis.repartition, diagnosis.state): telemetry
+# Internal topics of the online diagnosis (diagnosis.online.repartition, diagnosis.online.state): telemetry
 # re-keyed by job, and the per-job state checkpoints. Both have REPARTITION_PARTITIONS
 # partitions: a job's state lives in the changelog partition of its input partition.
 # diag-guard: the guard log (diagnosis.guardlog), one partition so every instance folds one order.

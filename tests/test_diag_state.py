@@ -3,10 +3,25 @@ what the next decision depends on (open incidents, the IB repeat counter, action
 
 from __future__ import annotations
 
+import zlib
+
+import msgspec
+import orjson
+import pytest
+
 from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine, default_detectors
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.state import JobState, restore, snapshot, unclassified_attributes
+from faultlens.diagnosis.online.state import (
+    DYNAMIC,
+    CheckpointError,
+    JobState,
+    mark_value,
+    read_mark,
+    restore,
+    snapshot,
+    unclassified_attributes,
+)
 from tests import fleetgen
 
 
@@ -53,3 +68,78 @@ def test_a_record_forwarded_twice_is_applied_once() -> None:
     assert not st.seen("gpu", "n1", 10)
     assert st.seen("gpu", "n1", 10) and st.seen("gpu", "n1", 9)
     assert not st.seen("kernel", "n1", 3) and not st.seen("gpu", "n2", 1) and not st.seen("gpu", "n1", 11)
+
+
+# --------------------------------------------------------------------------- state without pickle
+
+
+class _TouchesAFile:
+    """What an attacker who can write diag-changelog would send: a pickle that runs code when loaded."""
+
+    path = ""
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _pickled_checkpoint(target) -> bytes:
+    import pickle  # the attack's own payload: the code under test never unpickles
+
+    _TouchesAFile.path = str(target)
+    return zlib.compress(pickle.dumps({"format": 1, "key": "job0000", "engine": _TouchesAFile()}), 1)
+
+
+def test_a_checkpoint_is_a_versioned_data_document() -> None:
+    engine = _engine()
+    for r in fleetgen.fleet(jobs=1, nodes_per_job=4, unjobbed=0, duration_s=20, faulty_jobs=1).records:
+        engine.observe(r)
+    body = msgspec.msgpack.decode(zlib.decompress(snapshot(JobState("job0000", 1, engine))))
+    assert (body["format"], body["version"]) == ("faultlens.checkpoint", 2)
+    assert set(body["engine"]) == set(DYNAMIC)
+
+
+@pytest.mark.parametrize("value", [
+    None, b"", b"garbage", zlib.compress(msgspec.msgpack.encode([1, 2])),
+    zlib.compress(msgspec.msgpack.encode({"format": "faultlens.checkpoint", "version": 1})),
+    zlib.compress(msgspec.msgpack.encode({"format": "faultlens.checkpoint", "version": 2, "key": "j", "next_offset": 0,
+                                          "sources": {}, "engine": {"book": {"$o": "subprocess:Popen", "f": {}}}})),
+], ids=["null", "empty", "garbage", "a list", "old version", "a class not ours"])
+def test_an_unreadable_checkpoint_is_refused_by_name(value) -> None:
+    with pytest.raises(CheckpointError):
+        restore(value, 0, lambda key: _engine(), "j")
+
+
+def test_a_pickled_checkpoint_is_never_unpickled(tmp_path) -> None:
+    target = tmp_path / "pwned"
+    with pytest.raises(CheckpointError, match="not a checkpoint document"):
+        restore(_pickled_checkpoint(target), 0, lambda key: _engine(), "job0000")
+    assert not target.exists()
+
+
+def test_the_codec_builds_only_our_classes_and_never_imports() -> None:
+    from faultlens.diagnosis.online import codec
+
+    for doc in ({"$o": "os:system", "f": {}}, {"$o": "faultlens.diagnosis.runner:ActionRunner", "f": {}},
+                {"$st": "faultlens.config:Config", "f": {}}, {"$o": "faultlens.config:__class__", "f": {}},
+                {"$nd": "AAAA", "dtype": "|O", "shape": [1]}, {"$dd": [], "f": "eval"}, {"$ref": 7}):
+        with pytest.raises(codec.CodecError):
+            codec.decode(doc)
+    shared = [1, 2]
+    back = codec.decode(orjson.loads(orjson.dumps(codec.encode({"a": shared, "b": shared, (1, "x"): {3}}))))
+    assert back["a"] is back["b"] and back[(1, "x")] == {3}
+
+
+def test_marks_that_do_not_read_are_refused() -> None:
+    assert read_mark(mark_value(12, 1.5))["next_offset"] == 12
+    for bad in (None, b"", b"null", b"[]", b'{"next_offset": -1}', b'{"next_offset": "5"}', b"\x80\x03pickle"):
+        with pytest.raises(CheckpointError):
+            read_mark(bad)
+
+
+def test_a_checkpoint_naming_a_class_not_ours_is_refused_and_nothing_is_built(tmp_path) -> None:
+    body = msgspec.msgpack.decode(zlib.decompress(snapshot(JobState("j", 0, _engine()))))
+    body["engine"]["book"] = {"$o": "subprocess:Popen", "f": {"args": ["touch", str(tmp_path / "x")]}}
+    body["engine"]["guard"] = {"$o": "faultlens.diagnosis.online.state:JobState", "f": {}}
+    with pytest.raises(CheckpointError, match="is not one a checkpoint may hold"):
+        restore(zlib.compress(msgspec.msgpack.encode(body)), 0, lambda key: _engine(), "j")
+    assert not (tmp_path / "x").exists()

@@ -68,15 +68,15 @@ def test_read_batch_dir(tmp_path) -> None:
     (d / "job.json").write_text(json.dumps({"job": "j1", "tp": 2, "pp": 1, "dp": 1, "cp": 1, "order": "tp-cp-dp-pp",
                                             "ranks": {"0": {"node": "n001", "gpu": 0}, "1": {"node": "n001", "gpu": 1}}}))
     (d / "nodes" / "n001" / "gpu.jsonl").write_text(
-        json.dumps({"v": 1, "ts": 100.0, "node": "n001", "gpus": [{"index": 1, "pci_bus": "00000000:3B:00.0"}]}) + "\n{broken\n")
+        json.dumps({"v": 1, "ts": 1731672100.0, "node": "n001", "gpus": [{"index": 1, "pci_bus": "00000000:3B:00.0"}]}) + "\n{broken\n")
     (d / "nodes" / "n001" / "kernel.log").write_text(
         "2024-11-15T12:02:03,470068+00:00 NVRM: Xid (PCI:0000:3b:00): 79, pid=4, name=python, GPU has fallen off the bus.\n")
     (d / "nodes" / "n001" / "nccl" / "rank0.log").write_text(
         "[rank0]:[E1121 10:10:01.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.\n")
-    (d / "steps" / "r0.jsonl").write_text(json.dumps({"v": 1, "ts": 50.0, "job": "j1", "rank": 0, "node": "n001", "step": 1,
+    (d / "steps" / "r0.jsonl").write_text(json.dumps({"v": 1, "ts": 1731672050.0, "job": "j1", "rank": 0, "node": "n001", "step": 1,
                                                       "duration_s": 1.5, "n_seqs": 4, "sum_len": 10, "sum_len_sq": 30, "tokens": 10}) + "\n"
-                                          + json.dumps({"ts": 51.0, "job": "j1"}) + "\n")
+                                          + json.dumps({"ts": 1731672051.0, "job": "j1"}) + "\n")
     (d / "stacks" / "1.txt").write_text('Thread 1 (active): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:1316)\n')
     b = read_batch_dir(d, year=2024)
     assert b.job is not None and b.job.job == "j1"

@@ -15,7 +15,7 @@ from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
 def _gpu_sample() -> schema.GpuSample:
     return schema.GpuSample(
-        ts=1.5, node="n001", gpus=[schema.GpuState(index=i, uuid=f"GPU-{i}", temp_c=60.0 + i) for i in range(8)]
+        ts=1760000001.5, node="n001", gpus=[schema.GpuState(index=i, uuid=f"GPU-{i}", temp_c=60.0 + i) for i in range(8)]
     )
 
 
@@ -24,7 +24,7 @@ def test_every_kind_round_trips_through_json() -> None:
     back = schema.decode("gpu", schema.encode(rec))
     assert back == rec
     assert orjson.loads(schema.encode(rec))["v"] == schema.SCHEMA_VERSION
-    ev = schema.KernelEvent(ts=2.0, node="n1", kind="xid", raw="[1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1", xid=79)
+    ev = schema.KernelEvent(ts=1760000002.0, node="n1", kind="xid", raw="[1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1", xid=79)
     assert schema.decode("kernel", schema.encode(ev)) == ev
 
 
@@ -32,7 +32,7 @@ def test_every_kind_round_trips_through_json() -> None:
     "payload, reason",
     [
         (b"{not json", "malformed_json"),
-        (b'{"v": 99, "ts": 1, "node": "n", "gpus": []}', "unknown_version"),
+        (b'{"v": 99, "ts": 1760000001, "node": "n", "gpus": []}', "unknown_version"),
         (b'{"v": 1, "node": "n", "gpus": []}', "missing_field"),
         (b'{"v": 1, "ts": "yesterday", "node": "n", "gpus": []}', "bad_type"),
         (b"[1, 2]", "not_an_object"),
@@ -51,14 +51,14 @@ def test_lake_rows_match_the_lake_schema() -> None:
     rows = schema.lake_row(_gpu_sample())
     table = pa.Table.from_pylist(rows, schema=schema.lake_schema("gpu"))
     assert table.num_rows == 8 and table.column("gpu").to_pylist() == list(range(8))
-    inc = schema.Incident(id="i1", job="j", opened_ts=1, updated_ts=2, status="open", category="pcie",
+    inc = schema.Incident(id="i1", job="j", opened_ts=1760000001, updated_ts=1760000002, status="open", category="pcie",
                           kind="gpu_lost", title="t", suspects=[{"node": "n1", "score": 1.0}])
     t = pa.Table.from_pylist(schema.lake_row(inc), schema=schema.lake_schema("incidents"))
     assert orjson.loads(t.column("suspects")[0].as_py())[0]["node"] == "n1"
 
 
 def test_cloudevent_envelope_carries_the_record() -> None:
-    act = schema.Action(id="a1", incident_id="i1", job="j1", ts=100.0, type="evict_nodes", nodes=["n1"])
+    act = schema.Action(id="a1", incident_id="i1", job="j1", ts=1760000100.0, type="evict_nodes", nodes=["n1"])
     ce = schema.cloudevent(act)
     assert ce["specversion"] == "1.0" and ce["subject"] == "j1" and ce["data"]["type"] == "evict_nodes"
     assert schema.decode("actions", orjson.dumps(ce)) == act
@@ -90,7 +90,7 @@ def test_produce_and_consume_through_the_embedded_broker(bus) -> None:
     ensure_topics(bus)
     with Producer(bus) as producer:
         for i in range(50):
-            producer.send(schema.GpuSample(ts=float(i), node=f"n{i % 4}", gpus=[schema.GpuState(index=0)]))
+            producer.send(schema.GpuSample(ts=1_760_000_000.0 + i, node=f"n{i % 4}", gpus=[schema.GpuState(index=0)]))
         producer.flush()
     consumer = Consumer(bus, ["gpu"], group_id="g-basic")
     got = []
@@ -100,4 +100,4 @@ def test_produce_and_consume_through_the_embedded_broker(bus) -> None:
     consumer.close()
     assert len(got) == 50
     assert {m.key for m in got} == {"n0", "n1", "n2", "n3"}
-    assert sorted(schema.decode("gpu", m.value).ts for m in got) == [float(i) for i in range(50)]
+    assert sorted(schema.decode("gpu", m.value).ts for m in got) == [1_760_000_000.0 + i for i in range(50)]

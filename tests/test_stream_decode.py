@@ -29,7 +29,7 @@ def _recs(values: list[bytes]) -> list[SimpleNamespace]:
 
 
 def _gpu(temp_c=None, **kw) -> dict:
-    return {"v": 1, "ts": 5.0, "node": "n", "gpus": [{"index": 0, **({"temp_c": temp_c} if temp_c is not None else {}), **kw}]}
+    return {"v": 1, "ts": 1760000005.0, "node": "n", "gpus": [{"index": 0, **({"temp_c": temp_c} if temp_c is not None else {}), **kw}]}
 
 
 # --------------------------------------------------------------------------- the coercion table
@@ -54,7 +54,7 @@ def test_booleans_read_as_real_producers_write_them(value, expected) -> None:
 ])  # fmt: skip
 def test_numbers_read_from_strings_units_and_integral_floats(field, value, expected) -> None:
     issues: list = []
-    g = decode.from_obj("gpu", {"v": 1, "ts": 5.0, "node": "n", "gpus": [{"index": 0, field: value}]}, issues).gpus[0]
+    g = decode.from_obj("gpu", {"v": 1, "ts": 1760000005.0, "node": "n", "gpus": [{"index": 0, field: value}]}, issues).gpus[0]
     got = getattr(g, field)
     assert got == expected and type(got) is type(expected) and issues == []
 
@@ -70,7 +70,7 @@ def test_numbers_read_from_strings_units_and_integral_floats(field, value, expec
 ])  # fmt: skip
 def test_an_unreadable_field_is_null_and_reported_the_rest_kept(field, value, reason) -> None:
     issues: list = []
-    g = decode.from_obj("gpu", {"v": 1, "ts": 5.0, "node": "n", "gpus": [{"index": 0, field: value, "util": 50}]},
+    g = decode.from_obj("gpu", {"v": 1, "ts": 1760000005.0, "node": "n", "gpus": [{"index": 0, field: value, "util": 50}]},
                         issues).gpus[0]
     assert getattr(g, field) is None
     assert [(i.field, i.reason) for i in issues] == [(f"gpus.{field}", reason)]
@@ -80,7 +80,7 @@ def test_an_unreadable_field_is_null_and_reported_the_rest_kept(field, value, re
 
 def test_json_nan_and_infinity_tokens_are_read_as_null_not_refused() -> None:
     issues: list = []
-    rec = decode.decode("gpu", b'{"v":1,"ts":5,"node":"n","gpus":[{"index":0,"temp_c":NaN,"power_w":-Infinity}]}',
+    rec = decode.decode("gpu", b'{"v":1,"ts":1760000005,"node":"n","gpus":[{"index":0,"temp_c":NaN,"power_w":-Infinity}]}',
                         issues=issues)
     assert rec.gpus[0].temp_c is None and rec.gpus[0].power_w is None
     assert sorted(i.reason for i in issues) == ["infinity", "nan"]
@@ -88,7 +88,7 @@ def test_json_nan_and_infinity_tokens_are_read_as_null_not_refused() -> None:
 
 def test_unknown_keys_are_ignored_and_reported() -> None:
     issues: list = []
-    rec = decode.decode("gpu", b'{"v":1,"ts":5,"node":"n","host":"x","gpus":[{"index":0,"fan":"[N/A]","temp_c":50}]}',
+    rec = decode.decode("gpu", b'{"v":1,"ts":1760000005,"node":"n","host":"x","gpus":[{"index":0,"fan":"[N/A]","temp_c":50}]}',
                         issues=issues)
     assert rec.gpus[0].temp_c == 50.0
     assert sorted((i.field, i.reason) for i in issues) == [("gpus.fan", "unknown_field"), ("host", "unknown_field")]
@@ -97,8 +97,8 @@ def test_unknown_keys_are_ignored_and_reported() -> None:
 @pytest.mark.parametrize("payload, reason", [
     (b"\x00\x01 not json at all", "malformed_json"), (b"GPU 0: NVIDIA H100 80GB HBM3", "malformed_json"),
     (b"", "empty_message"), (b"[1, 2]", "not_an_object"), (b'{"v":1,"node":"n","gpus":[]}', "missing_field"),
-    (b'{"v":1,"ts":"N/A","node":"n"}', "bad_type"), (b'{"v":1,"ts":1,"node":null}', "null_field"),
-    (b'{"v":2,"ts":1,"node":"n"}', "unknown_version"), (b'{"v":"x","ts":1,"node":"n"}', "unknown_version"),
+    (b'{"v":1,"ts":"N/A","node":"n"}', "bad_type"), (b'{"v":1,"ts":1760000001,"node":null}', "null_field"),
+    (b'{"v":2,"ts":1760000001,"node":"n"}', "unknown_version"), (b'{"v":"x","ts":1760000001,"node":"n"}', "unknown_version"),
     (b"\x81\xa1v\xc1", "malformed_msgpack"),
 ])  # fmt: skip
 def test_only_an_unusable_identity_refuses_the_record(payload, reason) -> None:
@@ -109,27 +109,27 @@ def test_only_an_unusable_identity_refuses_the_record(payload, reason) -> None:
 
 def test_steps_and_other_kinds_go_through_the_same_table() -> None:
     issues: list = []
-    line = b'{"ts":"5","job":"j","rank":"3","node":"n","step":7,"duration_s":"1.5 s","tokens":"N/A","loss":NaN}'
+    line = b'{"ts":"1760000005","job":"j","rank":"3","node":"n","step":7,"duration_s":"1.5 s","tokens":"N/A","loss":NaN}'
     s = decode.decode("steps", line, issues=issues)
-    assert (s.ts, s.rank, s.duration_s, s.tokens) == (5.0, 3, 1.5, 0) and math.isnan(s.loss)
+    assert (s.ts, s.rank, s.duration_s, s.tokens) == (1760000005.0, 3, 1.5, 0) and math.isnan(s.loss)
     # A NaN loss is the measurement NaN-loss diagnosis looks for (coercion.toml [nonfinite_values]): kept, not counted.
     assert sorted((i.field, i.reason) for i in issues) == [("tokens", "not_available")]
     issues.clear()
-    s = decode.decode("steps", b'{"ts":5,"job":"j","rank":3,"node":"n","step":7,"duration_s":1,"loss":1.5,'
+    s = decode.decode("steps", b'{"ts":1760000005,"job":"j","rank":3,"node":"n","step":7,"duration_s":1,"loss":1.5,'
                                b'"grad_norm":"Infinity","fwd_s":"NaN"}', issues=issues)
     assert s.grad_norm == math.inf and s.fwd_s is None and [(i.field, i.reason) for i in issues] == [("fwd_s", "nan")]
     wire = decode.encode_wire(s)
     assert decode.decode("steps", wire, content_type=decode.content_type_of(wire)).grad_norm == math.inf
     with pytest.raises(SchemaError, match="duration_s"):
-        decode.decode("steps", b'{"ts":5,"job":"j","rank":3,"node":"n","step":7,"duration_s":"N/A"}')
+        decode.decode("steps", b'{"ts":1760000005,"job":"j","rank":3,"node":"n","step":7,"duration_s":"N/A"}')
 
 
 def test_the_agents_messagepack_decodes_to_the_same_records() -> None:
-    sick = schema.GpuSample(ts=5.0, node="n", job="j", gpus=[
+    sick = schema.GpuSample(ts=1760000005.0, node="n", job="j", gpus=[
         schema.GpuState(index=0, uuid="GPU-a", util=97.0, ecc_dbe=2, remap_pending=True, temp_c=None),
         schema.GpuState(index=1, uuid="GPU-b", pci_bus="0000:19:00.0", lost=True)])
-    step = schema.StepTiming(ts=5.0, job="j", rank=3, node="n", step=7, duration_s=1.5, loss=2.0)
-    for rec in (sick, step, schema.GpuSample(ts=1.0, node="n")):
+    step = schema.StepTiming(ts=1760000005.0, job="j", rank=3, node="n", step=7, duration_s=1.5, loss=2.0)
+    for rec in (sick, step, schema.GpuSample(ts=1760000001.0, node="n")):
         wire = decode.encode_wire(rec)
         assert decode.is_msgpack(wire) and decode.content_type_of(wire) == decode.MSGPACK_TYPE
         assert decode.decode(type(rec).KIND, wire) == rec
@@ -137,7 +137,7 @@ def test_the_agents_messagepack_decodes_to_the_same_records() -> None:
     assert not decode.is_msgpack(schema.encode(sick))
     # A NaN the agent put on the wire is nulled and reported, as in JSON.
     issues: list = []
-    nan = decode.decode("gpu", decode.encode_wire(schema.GpuSample(ts=1.0, node="n", gpus=[
+    nan = decode.decode("gpu", decode.encode_wire(schema.GpuSample(ts=1760000001.0, node="n", gpus=[
         schema.GpuState(index=0, temp_c=math.nan, util=5.0)])), issues=issues)
     assert nan.gpus[0].temp_c is None and nan.gpus[0].util == 5.0 and [i.reason for i in issues] == ["nan"]
 
@@ -234,7 +234,7 @@ def test_well_typed_messages_take_the_typed_path_and_others_the_table(monkeypatc
     calls: list = []
     real = decode._tolerant
     monkeypatch.setattr(decode, "_tolerant", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    sample = schema.GpuSample(ts=1.0, node="n", gpus=[schema.GpuState(index=i, util=50.0) for i in range(8)])
+    sample = schema.GpuSample(ts=1760000001.0, node="n", gpus=[schema.GpuState(index=i, util=50.0) for i in range(8)])
     for wire in (schema.encode(sample), decode.encode_wire(sample)):
         assert decode.decode("gpu", wire) == sample
     assert calls == []

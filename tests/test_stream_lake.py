@@ -78,13 +78,13 @@ def test_arrow_gpu_decoder_matches_the_schema_module() -> None:
         table = decode_arrow._fast_gpu(_recs([encode(r) for r in recs]))
         assert table.equals(expected), encode
     # Missing optional GPU fields take the defaults, as lake_row does.
-    minimal = b'{"v":1,"ts":5.0,"node":"n9","gpus":[{"index":3}]}'
+    minimal = b'{"v":1,"ts":1760000005.0,"node":"n9","gpus":[{"index":3}]}'
     assert decode_arrow._fast_gpu(_recs([minimal])).to_pylist() == schema.lake_row(schema.decode("gpu", minimal))
 
 
 def test_one_bad_message_does_not_lose_its_batch() -> None:
     good = [schema.encode(_gpu(T0 + i, "n1", [60.0])) for i in range(5)]
-    values = [*good[:2], b"{oops", b'{"v":9,"ts":1,"node":"n","gpus":[]}', b'{"v":1,"ts":"x","node":"n"}',
+    values = [*good[:2], b"{oops", b'{"v":9,"ts":1760000001,"node":"n","gpus":[]}', b'{"v":1,"ts":"x","node":"n"}',
               b'{"v":1}' + b" " * schema.MAX_MESSAGE_BYTES, *good[2:]]  # fmt: skip
     records = [SimpleNamespace(offset=i, key=b"n1", value=v) for i, v in enumerate(values)]
     out = decode_batch("gpu", "t.gpu", 0, records)
@@ -132,12 +132,12 @@ def _recs(values: list[bytes]) -> list[SimpleNamespace]:
 def test_a_bad_field_nulls_that_field_and_a_bad_identity_is_a_dead_letter() -> None:
     good = schema.encode(_gpu(T0, "n1", [60.0]))
     cases = {  # message -> (gpu rows it gives, dead-letter reason, quarantined fields)
-        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":null}]}': (1, None, []),
-        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"util":"N/A","lost":"Yes"}]}': (1, None, ["gpus.util"]),
+        b'{"v":1,"ts":1760000001,"node":"n","gpus":[{"index":0,"util":null}]}': (1, None, []),
+        b'{"v":1,"ts":1760000001,"node":"n","gpus":[{"index":0,"util":"N/A","lost":"Yes"}]}': (1, None, ["gpus.util"]),
         b'{"v":1,"ts":NaN,"node":"n","gpus":[{"index":0}]}': (0, "bad_type", []),
-        b'{"v":1,"ts":1,"node":"n\xff","gpus":[{"index":0}]}': (0, "malformed_json", []),
-        b'{"v":1,"ts":1,"node":"n","gpus":null}': (0, None, ["gpus"]),
-        b'{"v":1,"ts":1,"node":"n","gpus":[{"index":"x"},{"index":1}]}': (1, None, ["gpus.index"]),
+        b'{"v":1,"ts":1760000001,"node":"n\xff","gpus":[{"index":0}]}': (0, "malformed_json", []),
+        b'{"v":1,"ts":1760000001,"node":"n","gpus":null}': (0, None, ["gpus"]),
+        b'{"v":1,"ts":1760000001,"node":"n","gpus":[{"index":"x"},{"index":1}]}': (1, None, ["gpus.index"]),
         b"\x00\x01 not json at all": (0, "malformed_json", []),
     }
     for bad, (rows, reason, fields) in cases.items():
@@ -149,12 +149,12 @@ def test_a_bad_field_nulls_that_field_and_a_bad_identity_is_a_dead_letter() -> N
         assert [q.field for q in out.quarantine] == fields, bad
         assert all(q.offset == 1 and q.payload == bad.decode() for q in out.quarantine)
     # Missing GPU fields take the defaults in the batch path.
-    assert decode_arrow._fast_gpu(_recs([good, b'{"v":1,"ts":2,"node":"n","gpus":[{"index":1}]}'])).num_rows == 2
+    assert decode_arrow._fast_gpu(_recs([good, b'{"v":1,"ts":1760000002,"node":"n","gpus":[{"index":1}]}'])).num_rows == 2
 
 
 def test_a_value_beyond_the_lake_column_is_nulled_not_the_whole_sample() -> None:
     good = schema.encode(_gpu(T0, "n1", [60.0]))
-    huge = b'{"v":1,"ts":1,"node":"n","gpus":[{"index":0,"ecc_sbe":99999999999999999999}]}'
+    huge = b'{"v":1,"ts":1760000001,"node":"n","gpus":[{"index":0,"ecc_sbe":99999999999999999999}]}'
     out = decode_batch("gpu", "t.gpu", 0, _recs([good, huge, good]))
     assert out.tables["gpu"].num_rows == 3 and not out.dead
     assert out.tables["gpu"].column("ecc_sbe").to_pylist() == [0, None, 0]

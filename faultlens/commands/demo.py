@@ -84,6 +84,11 @@ def service_env(workdir: Path, bootstrap: str) -> dict[str, str]:
         "FAULTLENS_LAKE_FLUSH_INTERVAL_S": "2",
         "FAULTLENS_DIAGNOSIS_CATALOG_PATH": str(workdir / "diagnosis.duckdb"),
         "FAULTLENS_RUNNER_STATE_PATH": str(workdir / "runner-ledger.jsonl"),
+        # The simulated cluster plays its scenario at --speed x real time from now, so its clock
+        # (and diagnosis's, and the actions it stamps) runs ahead of the wall clock by design:
+        # [time] allows a day of lead here, where a real fleet allows minutes.
+        "FAULTLENS_TIME_MAX_CLOCK_SKEW_S": "86400",
+        "FAULTLENS_TIME_MAX_FUTURE_S": "172800",
     }
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from faultlens.errors import SchemaError
@@ -70,16 +70,22 @@ class Repartitioner:
         self.forwarded = 0
         self.unjobbed = 0
         self.bad_topologies = 0
+        # Where a jobs-topic message that does not decode goes (the service's ConsumeLoop.dead_letter).
+        self.dead_letter: Callable[[Message, str, str], None] | None = None
 
     # ------------------------------------------------------------------ topologies
 
     def on_topology(self, m: Message) -> None:
         """A jobs-topic message: learn node -> job and forward it to the job's key first."""
         try:
-            topo = schema.decode("jobs", m.value)
-        except SchemaError as exc:
+            ctype = m.header(CONTENT_TYPE_HEADER)
+            topo = schema.decode("jobs", m.value, content_type=ctype.decode("latin-1") if ctype else None)
+        except SchemaError as exc:  # a null value, garbage, a time out of bounds: never the service's end
             self.bad_topologies += 1
-            log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
+            if self.dead_letter is not None:
+                self.dead_letter(m, exc.reason, str(exc))
+            else:
+                log.warning("skipping undecodable job topology at offset %d: %s", m.offset, exc)
             return
         if self.topologies.get(topo.job) == m.value:
             return

@@ -2,12 +2,12 @@
 
 Every instance runs two stages in one thread (DESIGN.md, "Signals and topics"):
 
-1. the repartitioner (diagnosis.repartition): a member of the group
+1. the repartitioner (diagnosis.online.repartition): a member of the group
    ``<group_id>-repartition`` over the node-keyed input topics; it re-keys every
    record by job onto ``diag-repartition``, node -> job from the jobs topic;
 2. diagnosis: a member of the group ``<group_id>`` over ``diag-repartition``.
    It owns the jobs of its partitions, one DiagnosisEngine per job
-   (diagnosis.state), so everything that reasons across a job's nodes stays
+   (diagnosis.online.state), so everything that reasons across a job's nodes stays
    whole. Nodes outside any job share one engine per partition (job "unknown",
    node-local rules only). Jobs move between instances only when the group
    rebalances: the old owner checkpoints and lets go, the new owner restores the
@@ -23,7 +23,9 @@ that its checkpoint says it took.
 
 Time is each partition's stream time (the newest record time seen there), so a
 partition replayed after a failover is judged on its own clock, and one
-instance or four decide the same. Engines tick once a second of wall time.
+instance or four decide the same; it never leads the wall clock by more than
+``time.max_clock_skew_s`` (one record stamped 2100 must not move every job of
+its partition to 2100). Engines tick once a second of wall time.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
-from faultlens.diagnosis.state import (
+from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
+from faultlens.diagnosis.online.state import (
     MARK_KEY,
     ChangelogReader,
+    CheckpointError,
     EngineFactory,
     JobState,
     Restored,
@@ -139,6 +142,8 @@ class DiagnosisService:
         self.checkpoints = 0
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
         self.restore_failures = 0  # partitions whose changelog could not be read (their jobs started afresh)
+        self.unreadable_checkpoints = 0  # job checkpoints and markers that did not read (started afresh)
+        self.max_clock_skew_s = config.time.max_clock_skew_s
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
@@ -229,17 +234,22 @@ class DiagnosisService:
                 self._changelog = None
                 restored = Restored({}, None, 0, time.monotonic() - started)
             keys = 0
+            for offset, why in restored.bad_marks:
+                self._unreadable("marker", MARK_KEY, p, offset, why)
             for key, value in restored.values.items():
                 try:
                     st = restore(value, p, self.make_engine, key)
+                except CheckpointError as exc:
+                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), str(exc))
+                    continue
                 except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
-                    log.error("checkpoint of %s in partition %d is unreadable (%r): the job starts afresh", key, p, exc)
+                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), repr(exc))
                     continue
                 self.states[key] = st
                 keys += 1
             mark = restored.mark or {}
             start = int(mark.get("next_offset", 0))
-            self.stream_time[p] = float(mark.get("stream_time", 0.0))
+            self.stream_time[p] = self._bounded(float(mark.get("stream_time", 0.0)))
             self._applied[p] = self._marked[p] = start
             # No seek: the committed offset never passes the marker (hold_back), so the group
             # resumes at or before it, and what the checkpoints already hold is skipped.
@@ -251,6 +261,19 @@ class DiagnosisService:
                      "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
         if self.partitions:
             self.ready.set()
+
+    def _unreadable(self, what: str, key: str, partition: int, offset: int, why: str) -> None:
+        """A checkpoint or marker that did not read: counted, logged with where it is; the job starts afresh."""
+        self.unreadable_checkpoints += 1
+        log.error("diagnosis: %s of %s at %s[%d]@%d is unreadable (%s): %s", what, key,
+                  topics.topic("diag-changelog", self.config.bus.topic_prefix), partition, offset, why[:300],
+                  "that job starts afresh" if what == "checkpoint" else "the last marker that reads stands")
+        if self.metrics is not None:
+            self.metrics.checkpoints_unreadable.labels(what=what).inc()
+
+    def _bounded(self, ts: float) -> float:
+        """A time no later than the wall clock plus ``time.max_clock_skew_s``: a job's clock never runs ahead."""
+        return min(ts, time.time() + self.max_clock_skew_s)
 
     # ------------------------------------------------------------------ records
 
@@ -296,7 +319,7 @@ class DiagnosisService:
                 continue
             ts = getattr(record, "ts", None) if kind != "action-status" else None  # the runner's wall clock
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
-                self.stream_time[p] = float(ts)
+                self.stream_time[p] = self._bounded(float(ts))
             self.applied += 1
             st.outbox.extend(st.engine.observe(record))
         if unowned:
@@ -427,12 +450,15 @@ class DiagnosisService:
                     self.metrics.webhook_failures.inc()
 
     def _webhook_loop(self) -> None:
+        webhook = self._webhook
+        if webhook is None:
+            return
         while not self._stop.is_set() or not self._webhook_queue.empty():
             try:
                 incident = self._webhook_queue.get(timeout=0.5)
             except queue.Empty:
                 continue
-            delivery = self._webhook.send([incident])
+            delivery = webhook.send([incident])
             if not delivery.ok:
                 log.warning("incident webhook failed after %d attempt(s): %s", delivery.attempts, delivery.error)
                 if self.metrics is not None:
@@ -471,7 +497,9 @@ class DiagnosisService:
                     self._apply(rep)
 
             loop = self._diag_loop = ConsumeLoop(consumer, handle, producer=producer, name="diagnosis",
-                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()})
+                                                 hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()},
+                                                 metrics=self.metrics)
+            repartitioner.dead_letter = loop.dead_letter  # a job topology that does not decode
             if self._webhook is not None:
                 threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
             started = time.monotonic()

@@ -20,33 +20,46 @@ Each checkpoint round ends with a marker (key ``~mark``) per partition: the
 offset from which a new owner replays. Keys checkpointed in a round that did
 not finish are newer than the marker and skip what they already hold.
 
-Checkpoints are pickled (zlib-compressed): the engine's state is a graph of
-Python objects that has no other serial form yet. The changelog topic is
-internal: only diagnosis instances may write it (a broker ACL), as with any
-Kafka Streams changelog; once the engine's state has to_dict/from_dict, the
-format changes to JSON (``FORMAT`` is in every value).
+A checkpoint is a versioned MessagePack document (msgspec, zlib-compressed;
+docs/schemas.md, "Diagnosis checkpoints"): ``{"format": "faultlens.checkpoint", "version": 2,
+"key", "next_offset", "sources", "outbox", "topology", "engine": {part: ...}}``,
+each dynamic part written by diagnosis/online/codec.py, which builds only plain
+data and instances of faultlens's own classes. Nothing read back from the
+changelog is ever unpickled: a checkpoint or marker that does not read (another
+version, garbage, a null, an old pickle) is refused with ``CheckpointError`` and
+that job (or partition marker) starts afresh; the service counts it.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
+import math
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine
-from faultlens.errors import BusError
+from faultlens.diagnosis.online import codec
+from faultlens.errors import BusError, FaultlensError
 from faultlens.stream import topics
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = "faultlens.checkpoint"
+VERSION = 2  # 1 was a pickle: never read again
+MARK_VERSION = 1
+MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024  # a checkpoint inflating past this is refused (a zlib bomb)
+_MSGPACK = msgspec.msgpack.Encoder()
+
+
+class CheckpointError(FaultlensError):
+    """A checkpoint or marker that does not read: the job (or partition) starts afresh."""
 MARK_KEY = "~mark"
 # The engine's attributes, split: what a checkpoint carries and what a new owner builds itself.
 # A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
@@ -97,8 +110,8 @@ class JobState:
         return False
 
 
-# References from the dynamic state to static parts: cut before pickling, re-made on restore (a
-# per-object persistent_id hook would cost a Python call for every object of every checkpoint).
+# References from the dynamic state to static parts (a bound method of the node-health store):
+# cut before a checkpoint is written, re-made on restore from the new owner's own parts.
 STATIC_REFS: dict[str, Callable[[DiagnosisEngine], Any]] = {
     "book.prior_blames": lambda e: e.node_health.prior_blames if e.node_health is not None else None,
 }
@@ -111,21 +124,64 @@ def snapshot(state: JobState) -> bytes:
     for name in cut:
         _set(engine, name, None)
     try:
-        body = {"format": FORMAT, "key": state.key, "next_offset": state.next_offset, "sources": state.sources,
-                "outbox": state.outbox, "topology": state.topology,
-                "engine": {name: _get(engine, name) for name in DYNAMIC}}
-        raw = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+        body = {"format": FORMAT, "version": VERSION, "key": state.key, "next_offset": state.next_offset,
+                "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
+                "topology": codec.encode(state.topology, "topology"),
+                "engine": {name: codec.encode(_get(engine, name), name) for name in DYNAMIC}}
+        raw = _MSGPACK.encode(body)
     finally:
         for name, value in cut.items():
             _set(engine, name, value)
     return zlib.compress(raw, 1)
 
 
+def _inflate(value: bytes) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        raw = d.decompress(value, MAX_CHECKPOINT_BYTES)
+    except zlib.error as exc:
+        raise CheckpointError(f"not a compressed checkpoint: {exc}") from None
+    if d.unconsumed_tail:
+        raise CheckpointError(f"checkpoint inflates past {MAX_CHECKPOINT_BYTES} bytes")
+    return raw
+
+
+def read_body(value: bytes | None) -> dict[str, Any]:
+    """A checkpoint value -> its document, checked for format and version; CheckpointError if it is none."""
+    if not value:
+        raise CheckpointError("null or empty checkpoint")
+    try:
+        body = msgspec.msgpack.decode(_inflate(value))  # untyped: builtins only, whatever the bytes
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CheckpointError(f"not a checkpoint document (an old pickle, or garbage): {exc}") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise CheckpointError("not a faultlens checkpoint document")
+    if body.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint version {body.get('version')!r} is not {VERSION}")
+    if type(body.get("next_offset")) is not int or body["next_offset"] < 0 or not isinstance(body.get("key"), str):
+        raise CheckpointError("checkpoint without a key or a next offset")
+    sources = body.get("sources")
+    if not isinstance(sources, dict) or not all(type(v) is int for v in sources.values()):
+        raise CheckpointError("checkpoint sources are not offsets")
+    if not isinstance(body.get("engine"), dict):
+        raise CheckpointError("checkpoint without engine state")
+    return body
+
+
 def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
-    body = pickle.loads(zlib.decompress(value))
-    if body.get("format") != FORMAT:
-        raise ValueError(f"checkpoint format {body.get('format')} is not {FORMAT}")
-    for name, part in body["engine"].items():
+    body = read_body(value)
+    parts = body["engine"]
+    if set(parts) != set(DYNAMIC):
+        raise CheckpointError(f"checkpoint parts {sorted(parts)} are not {sorted(DYNAMIC)}")
+    try:
+        decoded = {name: codec.decode(part) for name, part in parts.items()}
+        body["outbox"] = codec.decode(body.get("outbox"))
+        body["topology"] = codec.decode(body.get("topology"))
+    except codec.CodecError as exc:
+        raise CheckpointError(str(exc)) from None
+    if not isinstance(body["outbox"], list) or not isinstance(body["topology"], (bytes, type(None))):
+        raise CheckpointError("checkpoint outbox or topology of the wrong type")
+    for name, part in decoded.items():
         _set(engine, name, part)
     for name, remake in STATIC_REFS.items():
         _set(engine, name, remake(engine))
@@ -133,7 +189,9 @@ def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
 
 
 def restore(value: bytes, partition: int, make_engine: Callable[[str], DiagnosisEngine], key: str = "") -> JobState:
-    """Rebuild a JobState from its checkpoint: a fresh engine with the dynamic state put back."""
+    """Rebuild a JobState from its checkpoint: a fresh engine with the dynamic state put back.
+
+    CheckpointError when the value is no checkpoint this version wrote (the caller starts the job afresh)."""
     engine = make_engine(key)
     body = _load_into(engine, value)
     return JobState(key=body["key"], partition=partition, engine=engine, next_offset=body["next_offset"],
@@ -163,7 +221,24 @@ class EngineFactory:
 
 
 def mark_value(next_offset: int, stream_time: float) -> bytes:
-    return orjson.dumps({"next_offset": next_offset, "stream_time": stream_time, "wall": time.time()})
+    return orjson.dumps({"version": MARK_VERSION, "next_offset": next_offset, "stream_time": stream_time,
+                         "wall": time.time()})
+
+
+def read_mark(value: bytes | None) -> dict[str, Any]:
+    """A marker value -> ``{"next_offset": int, "stream_time": float}``; CheckpointError when it is none."""
+    if not value:
+        raise CheckpointError("null or empty marker")
+    try:
+        mark = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise CheckpointError(f"marker is not JSON: {exc}") from None
+    if not isinstance(mark, dict) or mark.get("version", MARK_VERSION) != MARK_VERSION:
+        raise CheckpointError("not a marker of this version")
+    nxt, st = mark.get("next_offset"), mark.get("stream_time", 0.0)
+    if type(nxt) is not int or nxt < 0 or type(st) not in (int, float) or not math.isfinite(st):
+        raise CheckpointError(f"marker with next_offset={nxt!r} stream_time={st!r}")
+    return {"next_offset": nxt, "stream_time": float(st)}
 
 
 @dataclass
@@ -174,6 +249,8 @@ class Restored:
     mark: dict[str, Any] | None
     records_read: int
     seconds: float
+    offsets: dict[str, int] = field(default_factory=dict)  # key -> changelog offset of its value
+    bad_marks: list[tuple[int, str]] = field(default_factory=list)  # (offset, why) of markers that did not read
 
 
 class ChangelogReader:
@@ -207,6 +284,8 @@ class ChangelogReader:
         c = self._consumer
         tp = TopicPartition(self.name, partition)
         values: dict[str, bytes] = {}
+        offsets: dict[str, int] = {}
+        bad_marks: list[tuple[int, str]] = []
         mark = None
         n = 0
         try:
@@ -230,16 +309,21 @@ class ChangelogReader:
                 for msgs in c.poll(timeout_ms=500, max_records=5000).values():
                     for m in msgs:
                         n += 1
-                        key = m.key.decode() if m.key else ""
+                        key = m.key.decode("utf-8", "replace") if m.key else ""
                         if key == MARK_KEY:
-                            mark = orjson.loads(m.value)
+                            try:
+                                mark = read_mark(m.value)  # the newest marker that reads wins
+                            except CheckpointError as exc:
+                                bad_marks.append((m.offset, str(exc)))
                         elif m.value is None:
-                            values.pop(key, None)
+                            values.pop(key, None)  # a tombstone: that job starts afresh
+                            offsets.pop(key, None)
                         else:
                             values[key] = m.value
+                            offsets[key] = m.offset
         except KafkaError as exc:
             raise BusError(f"restoring {self.name}[{partition}] failed: {exc}") from exc
-        return Restored(values, mark, n, time.monotonic() - started)
+        return Restored(values, mark, n, time.monotonic() - started, offsets, bad_marks)
 
     def close(self) -> None:
         self._consumer.close()
