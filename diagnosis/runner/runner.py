@@ -377,7 +377,8 @@ class ActionRunner:
         if not self.keyring:
             log.warning("runner: no signing key configured: no action will be executed, only dry-run; %s",
                         HOW_TO_MAKE_A_KEY)
-        loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms)
+        loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms,
+                           metrics=self.metrics)
         try:
             loop.run(stop, max_seconds=max_seconds)
         finally:
