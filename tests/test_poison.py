@@ -75,7 +75,7 @@ def test_the_runner_refuses_an_action_dated_an_hour_ahead(tmp_path) -> None:
     import orjson
 
     from faultlens.config import RunnerConfig
-    from faultlens.diagnosis.runner import ActionRunner
+    from faultlens.diagnosis.runner.runner import ActionRunner
 
     ahead = schema.Action(id="act-ahead", incident_id="inc-1", job="j1", ts=time.time() + 3600, type="evict_nodes",
                           nodes=["n1"], confidence=0.99, reason="Xid 79")
@@ -183,7 +183,7 @@ def test_the_consume_loop_dead_letters_tombstones_before_any_handler_sees_them(c
 def test_a_tombstone_on_the_actions_topic_gives_the_runner_no_traceback(bus, tmp_path, caplog) -> None:
     """The recorded case: one null value on the actions topic gave three tracebacks in the runner."""
     from faultlens.config import RunnerConfig
-    from faultlens.diagnosis.runner import ActionRunner
+    from faultlens.diagnosis.runner.runner import ActionRunner
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
     ensure_topics(bus, names=("actions", "action-status", "deadletter"))
