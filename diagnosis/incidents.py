@@ -286,7 +286,9 @@ class OpenIncident:
                 reason += f" (blamed in {s['prior_blames']} earlier incident(s))"
             entry = {"node": s["node"], "score": s["score"], "reason": reason}
             if s["gpus"]:
-                entry["gpu"] = s["gpus"][0] if len(s["gpus"]) == 1 else s["gpus"]
+                entry["gpu"] = s["gpus"][0]
+                if len(s["gpus"]) > 1:  # a machine blamed on several GPUs (a hang's root ranks): all of them
+                    entry["gpus"] = sorted(s["gpus"])[:64]
             if s["ranks"]:
                 entry["ranks"] = sorted(s["ranks"])
             suspects.append(entry)
