@@ -25,7 +25,7 @@ import orjson
 from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
 from faultlens.stream.schema import StackDump
-from faultlens.stream.signing import Keyring, Unverified
+from faultlens.stream.signing import Keyring, Unverified, verifier_warning
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,9 @@ class StacksSource:
         self._thread: threading.Thread | None = None
 
     def start(self, positions: dict[str, Any]) -> None:
+        warning = verifier_warning(self.keyring, "agent")
+        if warning:
+            log.warning("%s", warning)
         self._thread = threading.Thread(target=self._loop, name="faultlens-stacks", daemon=True)
         self._thread.start()
 
