@@ -160,12 +160,12 @@ class StacksSource:
         self.provider = options.get("provider") or _dump_job_provider
         self._seen: set[str] = set()
         self.keyring = Keyring.from_config(agent.config.keys)  # commands run only when they verify
+        warning = verifier_warning(self.keyring, "agent")  # it verifies; a key that signs does not belong here
+        if warning:
+            log.warning("%s", warning)
         self._thread: threading.Thread | None = None
 
     def start(self, positions: dict[str, Any]) -> None:
-        warning = verifier_warning(self.keyring, "agent")
-        if warning:
-            log.warning("%s", warning)
         self._thread = threading.Thread(target=self._loop, name="faultlens-stacks", daemon=True)
         self._thread.start()
 

@@ -214,3 +214,27 @@ def test_a_key_restricted_to_commands_cannot_sign_an_action(tmp_path) -> None:
         _ring([cmd_key]).sign(schema.cloudevent(_action()))
     with pytest.raises(ConfigError, match="purposes"):
         new_key("k-x", purposes=["incidents"])
+
+
+def test_an_agent_given_a_private_key_says_so_at_start(tmp_path, caplog) -> None:
+    from types import SimpleNamespace
+
+    from faultlens.collectors.stacks import StacksSource
+    from faultlens.config import Config
+
+    private = write_key(TEST_KEY, tmp_path / "k.toml")
+    public = write_key(TEST_KEY.public_half(), public_path(private))
+    StacksSource(SimpleNamespace(config=Config(keys=KeysConfig(files=(str(public),)))), {})
+    assert "holds a signing key" not in caplog.text
+    source = StacksSource(SimpleNamespace(config=Config(keys=KeysConfig(files=(str(private),)))), {})
+    assert "agent holds a signing key (test-key)" in caplog.text and ".pub" in caplog.text
+    assert source.keyring.keys["test-key"].can_sign  # it still verifies: a warning, not a refusal
+
+
+def test_diagnosis_given_only_the_public_file_refuses_to_start(tmp_path) -> None:
+    from faultlens.config import Config
+    from faultlens.diagnosis.online import DiagnosisService
+
+    public = write_key(TEST_KEY.public_half(), tmp_path / "k.toml.pub")
+    with pytest.raises(ConfigError, match="only public keys.*not FILE.pub"):
+        DiagnosisService(Config(keys=KeysConfig(files=(str(public),))))
