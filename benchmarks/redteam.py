@@ -90,18 +90,22 @@ def _stop(proc: subprocess.Popen[bytes], *, kill: bool = False) -> str:
 
 
 class _Site:
-    """A work directory with a signing key, a recording hook on PATH and a topic prefix on one broker."""
+    """A work directory with a signing key pair (diagnosis' private file, the runner's and agents' .pub),
+    a recording hook on PATH and a topic prefix on one broker."""
 
     def __init__(self, root: Path, bootstrap: str, prefix: str):
         from faultlens.config import BusConfig, KeysConfig
         from faultlens.stream.bus import ensure_topics
-        from faultlens.stream.signing import Keyring, new_key, write_key
+        from faultlens.stream.signing import Ed25519Key, Keyring, new_key, public_path, write_key
         from tests.runner_standins import env_with, write_standin
 
         self.dir = root / prefix
         self.dir.mkdir(parents=True)
-        self.key_file = write_key(new_key("redteam"), self.dir / "key.toml")
-        self.keyring = Keyring.from_config(KeysConfig(files=(str(self.key_file),)))
+        key = new_key("redteam")
+        assert isinstance(key, Ed25519Key)
+        self.private_file = write_key(key, self.dir / "key.toml")  # diagnosis only
+        self.key_file = write_key(key.public_half(), public_path(self.private_file))  # runner and agents
+        self.keyring = Keyring.from_config(KeysConfig(files=(str(self.private_file),)))
         self.calls = self.dir / "calls.jsonl"
         for tool in ("hook", "scontrol", "kubectl"):
             write_standin(self.dir / "bin", tool, self.calls)
@@ -161,12 +165,12 @@ def forged_actions(scale: Scale) -> dict[str, int]:
     """Unsigned, wrongly signed, expired and future-dated actions (dry_run false) against a real runner."""
     from faultlens.stream import schema
     from faultlens.stream.broker import EmbeddedBroker
-    from faultlens.stream.signing import Key, Keyring
+    from faultlens.stream.signing import Ed25519Key, Keyring
 
     n = scale.n(50, minimum=8)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         site = _Site(Path(tmp), broker.bootstrap, "rtforged")
-        wrong = Keyring([Key("redteam", b"\x05" * 32)])  # the right key id, a guessed secret
+        wrong = Keyring([Ed25519Key.from_seed("redteam", b"\x05" * 32)])  # the right key id, a guessed key
         past = Keyring(list(site.keyring.keys.values()), clock=lambda: time.time() - 7200)  # expired an hour ago
         events = []
         for i in range(n):
@@ -182,6 +186,69 @@ def forged_actions(scale: Scale) -> dict[str, int]:
         ran = [argv[1] for argv in site.hooks()]
     return {"forged_executed": sum(1 for a in ran if a.startswith("act-forged")),
             "legit_not_executed": int("act-legit" not in ran)}
+
+
+@attack("agent_key_forges_action")
+def agent_key_forges_action(scale: Scale) -> dict[str, int]:
+    """A broken-into GPU node: the attacker holds the agent's key file (the .pub) and a signed command it
+    received, and sends evict_nodes for the fleet to a real `faultlens runner --execute`."""
+    import orjson
+
+    from faultlens.config import KeysConfig
+    from faultlens.errors import ConfigError
+    from faultlens.stream import schema
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.signing import (
+        SIG_ATTR,
+        SIGALG_ATTR,
+        Ed25519Key,
+        Key,
+        Keyring,
+        canonical,
+        read_key,
+    )
+
+    n = scale.n(40, minimum=8)
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        site = _Site(Path(tmp), broker.bootstrap, "rtagentkey")
+        stolen = read_key(site.key_file)  # what the agent's DaemonSet mounts
+        public_signed = 0
+        try:
+            Keyring.from_config(KeysConfig(files=(str(site.key_file),))).sign(schema.cloudevent(_action("act-x")))
+            public_signed = 1
+        except ConfigError:
+            pass
+        assert isinstance(stolen, Ed25519Key) and not stolen.can_sign
+        confused = Key(stolen.id, stolen.public)  # the public key bytes taken for an HMAC secret
+        as_hmac = Keyring([confused])
+        own = Keyring([Ed25519Key.from_seed(stolen.id, b"\x07" * 32)])  # a fresh pair under the stolen id
+        command = site.keyring.sign(schema.cloudevent(schema.Command("cmd-rt", time.time(), "dump_stacks", "4242",
+                                                                     ["n001"])))  # what the node received
+        events = []
+        for i in range(n):
+            evict = schema.cloudevent(_action(f"act-agentkey-{i}", type_="evict_nodes", nodes=(f"n{i:03d}",)))
+            variant = i % 4
+            if variant == 0:  # the public key bytes as an HMAC secret (algorithm confusion)
+                events.append(as_hmac.sign(evict))
+            elif variant == 1:  # the same, labelled ed25519 so a careless verifier takes the event's word
+                relabelled = dict(as_hmac.sign(evict), **{SIGALG_ATTR: "ed25519"})
+                relabelled[SIG_ATTR] = confused.mac(canonical(relabelled))
+                events.append(relabelled)
+            elif variant == 2:
+                events.append(own.sign(evict))
+            else:  # the received command's signature pasted onto an eviction
+                events.append({**evict, **{k: v for k, v in command.items() if k.startswith("faultlens")}})
+        events.append(site.keyring.sign(schema.cloudevent(_action("act-legit", type_="evict_nodes",
+                                                                  nodes=("n900",)))))  # the canary: must run
+        runner = site.runner()
+        try:
+            _send(site, [orjson.loads(orjson.dumps(e)) for e in events])
+            site.statuses({"act-legit"})
+        finally:
+            _stop(runner)
+        ran = [argv[1] for argv in site.hooks()]
+    return {"forged_executed": sum(1 for a in ran if a.startswith("act-agentkey")),
+            "public_key_signed": public_signed, "legit_not_executed": int("act-legit" not in ran)}
 
 
 @attack("injection")

@@ -79,6 +79,8 @@ def _config(args: argparse.Namespace) -> Any:
     guard = GuardConfig(dry_run=False, max_evictions_per_job_per_hour=1000, storm_nodes=100_000, max_evicted_fraction=1.0)
     hook = f"{sys.executable} {args.dir}/hook.py"
     key = Path(args.dir) / "signing-key.toml"  # made by the test that runs a runner (kill_test)
+    if args.role == "runner":
+        key = Path(f"{key}.pub")  # the runner verifies with the public half; diagnosis signs with the private
     keys = KeysConfig(files=(str(key),)) if key.exists() else KeysConfig()
     # The runner's own caps are not what this measures: every eviction is expected to run.
     return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path=""), guard=guard,

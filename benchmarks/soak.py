@@ -231,7 +231,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from faultlens.commands.demo import service_env
+    from faultlens.commands.demo import demo_key, service_env
     from faultlens.config import load_config
     from faultlens.datasets.live import demo_segments
     from faultlens.datasets.scenario import LiveWriter
@@ -260,7 +260,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
 
     svc = Services(work, env)
     svc.start("stream", "stream")
-    svc.start("diagnose", "diagnose")
+    svc.start("diagnose", "diagnose", "--set", f"keys.files={demo_key(work)}")  # signs; the rest get .pub
     svc.start("runner", "runner")
     agents = []
     for node, job, seg in nodes:

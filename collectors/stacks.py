@@ -25,7 +25,7 @@ import orjson
 from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
 from faultlens.stream.schema import StackDump
-from faultlens.stream.signing import Keyring, Unverified
+from faultlens.stream.signing import Keyring, Unverified, verifier_warning
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,9 @@ class StacksSource:
         self.provider = options.get("provider") or _dump_job_provider
         self._seen: set[str] = set()
         self.keyring = Keyring.from_config(agent.config.keys)  # commands run only when they verify
+        warning = verifier_warning(self.keyring, "agent")  # it verifies; a key that signs does not belong here
+        if warning:
+            log.warning("%s", warning)
         self._thread: threading.Thread | None = None
 
     def start(self, positions: dict[str, Any]) -> None:

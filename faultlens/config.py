@@ -154,8 +154,9 @@ class RunnerConfig:
 class KeysConfig:
     """Signing keys of actions and agent commands (stream/signing.py; `faultlens keys new`)."""
 
-    files: tuple[str, ...] = ()  # key files; every listed key verifies (rotation)
-    active: str = ""  # the key id diagnosis signs with; empty: the first file's key
+    files: tuple[str, ...] = ()  # key files; every listed key verifies (rotation). Diagnosis: the private
+    # file(s) of `faultlens keys new`; the runner and agents: the public FILE.pub (they warn on a private one)
+    active: str = ""  # the key id diagnosis signs with; empty: the first key that can sign
     validity_s: float = 900.0  # a signed action or command expires this long after signing
     max_skew_s: float = 60.0  # dated more than this ahead of the reader's clock: refused
 

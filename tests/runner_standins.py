@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.config import KeysConfig
-from faultlens.stream.signing import Key, Keyring, write_key
+from faultlens.stream.signing import Ed25519Key, Keyring, public_path, write_key
 
-# The tests' signing key: diagnosis' side signs with it (``signed``), the runner under test
-# reads it from a file (``keys_config``), as a deployment does.
-TEST_KEY = Key("test-key", bytes(range(32)))
+# The tests' signing key pair: diagnosis' side signs with the private key (``signed``), the
+# runner or agent under test reads only the public half from a file (``keys_config``), as a
+# deployment does.
+TEST_KEY = Ed25519Key.from_seed("test-key", bytes(range(32)))
 
 _SCRIPT = """#!{python}
 import json, sys
@@ -52,8 +53,8 @@ def recorded(record: Path) -> list[list[str]]:
 
 
 def keys_config(directory: Path) -> KeysConfig:
-    """``[keys]`` naming a file holding ``TEST_KEY`` (written into ``directory``)."""
-    path = write_key(TEST_KEY, directory / "test-key.toml", force=True)
+    """``[keys]`` naming the public file of ``TEST_KEY`` (written into ``directory``): verify only."""
+    path = write_key(TEST_KEY.public_half(), public_path(directory / "test-key.toml"), force=True)
     return KeysConfig(files=(str(path),))
 
 

@@ -105,6 +105,7 @@ def test_agent_without_gpu_ships_kernel_xids_and_answers_dump_stacks(
     said = [r for r in caplog.records if "nvml: no data" in r.getMessage()]
     assert len(said) == 1, "no GPU is said once"
     assert any("NOT healthy" in r.getMessage() for r in caplog.records)
+    assert not any("holds a signing key" in r.getMessage() for r in caplog.records)  # given the .pub only
 
 
 class EightGpus:

@@ -42,6 +42,9 @@ def test_the_daemonset_configmap_is_a_valid_faultlens_toml(tmp_path) -> None:
     assert cfg.bus.security_protocol == "SASL_SSL" and cfg.bus.sasl_password == "from-secret"
     assert cfg.agent.node == "gpu-1" and cfg.agent.metrics_port == 9400
     assert "sasl_password" not in block  # the password comes from the Secret only
+    # An agent verifies commands and never signs: it is given the public key file only, from a ConfigMap.
+    assert cfg.keys.files and all(f.endswith(".pub") for f in cfg.keys.files), cfg.keys.files
+    assert "configMap: {name: faultlens-verify-key" in manifest and "faultlens-signing-key" not in manifest
     for needed in ("hostPID: true", "runtimeClassName: nvidia", "secretKeyRef: {name: faultlens-bus, key: sasl-password}",
                    "name: FAULTLENS_BUS_SASL_PASSWORD", "path: /dev/kmsg", "configMap: {name: faultlens-config}"):
         assert needed in manifest, needed

@@ -12,7 +12,15 @@ from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from tests.runner_standins import env_with, keys_config, recorded, signing_keyring, write_standin
+from faultlens.stream.signing import write_key
+from tests.runner_standins import (
+    TEST_KEY,
+    env_with,
+    keys_config,
+    recorded,
+    signing_keyring,
+    write_standin,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -137,7 +145,8 @@ def test_the_runner_command_executes_and_serves_metrics(bus, tmp_path) -> None:
     statuses = Consumer(bus, ["action-status"], group_id=None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "faultlens.cli", "runner", "--adapter", "kubernetes", "--execute",
-         "--set", f"keys.files={keys_config(tmp_path).files[0]}",
+         # Given diagnosis' private file (it verifies too), the runner works but warns at start.
+         "--set", f"keys.files={write_key(TEST_KEY, tmp_path / 'diagnosis-key.toml')}",
          "--bootstrap-servers", bus.bootstrap_servers, "--set", f"bus.topic_prefix={bus.topic_prefix}",
          "--metrics-port", str(port), "--duration-s", "60"],
         env=env_with(tmp_path / "bin"), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -155,3 +164,5 @@ def test_the_runner_command_executes_and_serves_metrics(bus, tmp_path) -> None:
         statuses.close()
         proc.terminate()  # SIGTERM: the runner stops its loop and exits 0
         assert proc.wait(timeout=30) == 0
+    out = proc.stdout.read().decode()
+    assert "runner holds a signing key (test-key)" in out and "give it the .pub file" in out, out[-2000:]

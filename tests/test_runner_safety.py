@@ -15,7 +15,7 @@ from faultlens.diagnosis.runner.adapter_base import fill_template
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
 from faultlens.stream import schema
-from faultlens.stream.signing import Key, Keyring
+from faultlens.stream.signing import Ed25519Key, Keyring
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
 
@@ -51,7 +51,7 @@ def rec(tmp_path):
 
 def test_fifty_scripted_actions_with_dry_run_false_execute_nothing(tmp_path, rec) -> None:
     runner = _runner(tmp_path)
-    forger = Keyring([Key("test-key", b"\x09" * 32)])  # knows the key id, not the secret
+    forger = Keyring([Ed25519Key.from_seed("test-key", b"\x09" * 32)])  # knows the key id, not the private key
     reasons = []
     for i in range(50):
         event = schema.cloudevent(_action(f"act-forged-{i}", nodes=(f"n{i:03d}",)))

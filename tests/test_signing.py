@@ -1,5 +1,6 @@
-"""Signed actions and commands (stream/signing.py): what verifies, what does not and why, key files,
-rotation, and the agent's side (a commands-topic message is carried out only when it verifies)."""
+"""Signed actions and commands (stream/signing.py): what verifies, what does not and why, key files
+(Ed25519 pairs, HMAC old and new), rotation, purposes, the verify-only services' warning, and the
+agent's side (a commands-topic message is carried out only when it verifies)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from faultlens.config import KeysConfig
 from faultlens.errors import ConfigError
 from faultlens.stream import schema
 from faultlens.stream.signing import (
+    Ed25519Key,
     Key,
     Keyring,
     Unverified,
     canonical,
     new_key,
+    public_path,
     read_key,
+    verifier_warning,
     write_key,
 )
 from tests.runner_standins import TEST_KEY, signing_keyring
@@ -35,7 +39,7 @@ def _action(**kw) -> schema.Action:
     return schema.Action(**{**fields, **kw})
 
 
-def _ring(keys: list[Key], now: float = T0, **kw) -> Keyring:
+def _ring(keys: list[Key | Ed25519Key], now: float = T0, **kw) -> Keyring:
     return Keyring(keys, clock=lambda: now, **kw)
 
 
@@ -49,7 +53,9 @@ def test_a_signed_action_verifies_and_every_change_to_it_does_not() -> None:
     ring = _ring([TEST_KEY])
     event = ring.sign(schema.cloudevent(_action(dry_run=True)))
     ring.verify(event)
-    assert event["faultlenskeyid"] == "test-key" and len(event["faultlenssig"]) == 43
+    assert event["faultlenskeyid"] == "test-key" and len(event["faultlenssig"]) == 86
+    assert event["faultlenssigalg"] == "ed25519"
+    _ring([TEST_KEY.public_half()]).verify(event)  # the runner's side: the public half alone verifies
     flipped = orjson.loads(orjson.dumps(event))
     flipped["data"]["dry_run"] = False  # the forger's edit: make a dry-run action real
     assert _reason(ring, flipped) == "bad_signature"
@@ -63,9 +69,12 @@ def test_the_recorded_forged_action_is_refused_with_its_reason() -> None:
     # What the attack produced: a script writing CloudEvents with dry_run false, no signature.
     forged = schema.cloudevent(_action(id="act-forged-17", nodes=["n009"]))
     assert _reason(_ring([TEST_KEY]), forged) == "unsigned"
-    other = Key("test-key", b"\x01" * 32)  # the right key id, the wrong secret
+    other = Ed25519Key.from_seed("test-key", b"\x01" * 32)  # the right key id, the wrong private key
     assert _reason(_ring([TEST_KEY]), _ring([other]).sign(forged)) == "bad_signature"
     assert _reason(_ring([TEST_KEY]), _ring([Key("k-mine", b"\x02" * 32)]).sign(forged)) == "unknown_key"
+    # Algorithm confusion: an HMAC "key" made of the public key bytes, under the real key id.
+    confused = _ring([Key("test-key", TEST_KEY.public)]).sign(forged)
+    assert _reason(_ring([TEST_KEY.public_half()]), confused) == "wrong_algorithm"
     assert _reason(_ring([]), forged) == "no_key_configured"
     assert _reason(_ring([TEST_KEY]), ["not", "an", "object"]) == "bad_envelope"
 
@@ -110,7 +119,8 @@ def test_keys_new_writes_an_owner_only_file_and_bad_files_are_named(tmp_path, ca
         read_key(tmp_path / "short.toml")
     with pytest.raises(ConfigError, match="missing.toml"):
         Keyring.from_config(KeysConfig(files=(str(tmp_path / "missing.toml"),)))
-    assert repr(read_key(out)) == "Key(id='k1')"  # the secret is never printed
+    assert repr(read_key(out)) == "Ed25519Key(id='k1')"  # the secret is never printed
+    assert "secret" not in public_path(out).read_text()
 
 
 def test_a_signed_command_decodes_and_the_agent_refuses_an_unsigned_one() -> None:
@@ -124,3 +134,107 @@ def test_a_signed_command_decodes_and_the_agent_refuses_an_unsigned_one() -> Non
     assert command_refusal(agent_ring, plain).reason == "unsigned"
     assert command_refusal(agent_ring, b"\x00garbage").reason == "malformed_json"
     assert command_refusal(Keyring([]), value).reason == "no_key_configured"
+
+
+def test_keys_new_makes_a_pair_the_public_half_verifies_and_cannot_sign(tmp_path, capsys) -> None:
+    out, pub = tmp_path / "k1.toml", tmp_path / "runner" / "k1.pub.toml"
+    assert main(["keys", "new", "--out", str(out), "--pub-out", str(pub), "--id", "k1"]) == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed and str(pub) in printed
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600 and stat.S_IMODE(os.stat(pub).st_mode) == 0o644
+    assert 'type = "ed25519-private"' in out.read_text() and 'type = "ed25519-public"' in pub.read_text()
+    diagnosis = Keyring.from_config(KeysConfig(files=(str(out),)))
+    runner = Keyring.from_config(KeysConfig(files=(str(pub),)))
+    event = diagnosis.sign(schema.cloudevent(_action(ts=time.time())))
+    runner.verify(event)
+    assert not runner.can_sign and runner.signing_key_ids() == []
+    with pytest.raises(ConfigError, match="only public keys"):
+        runner.sign(schema.cloudevent(_action()))
+    with pytest.raises(ConfigError, match="public key"):
+        Keyring.from_config(KeysConfig(files=(str(pub),), active="k1"))
+    assert verifier_warning(runner, "runner") is None
+    warning = verifier_warning(diagnosis, "agent")
+    assert warning is not None and "holds a signing key (k1)" in warning and ".pub" in warning
+    # Both files listed (diagnosis during a rotation): one key, and it signs.
+    both = Keyring.from_config(KeysConfig(files=(str(pub), str(out))))
+    assert list(both.keys) == ["k1"] and both.can_sign
+    stranger = write_key(new_key("k1").public_half(), tmp_path / "other.pub")  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="different keys"):
+        Keyring.from_config(KeysConfig(files=(str(out), str(stranger))))
+    # A private file whose public line was edited is named, not trusted.
+    edited = tmp_path / "edited.toml"
+    edited.write_text(out.read_text().replace("public = \"", "public = \"AAAA"))
+    with pytest.raises(ConfigError, match="edited.toml"):
+        read_key(edited)
+
+
+def test_hmac_keys_old_and_new_still_sign_and_verify(tmp_path, capsys) -> None:
+    out = tmp_path / "shared.toml"
+    assert main(["keys", "new", "--type", "hmac", "--out", str(out), "--id", "h1"]) == 0
+    assert not public_path(out).exists() and 'type = "hmac-sha256"' in out.read_text()
+    assert isinstance(read_key(out), Key) and "every holder can sign" in capsys.readouterr().out
+    # A file written before key types existed: no type line, read as HMAC.
+    old = tmp_path / "old.toml"
+    old.write_text("# faultlens signing key; keep it secret (mode 0600)\nid = \"k-old\"\n"
+                   "secret = \"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"\n")
+    old_key = read_key(old)
+    assert old_key == Key("k-old", bytes(range(32)))
+    ring = _ring([old_key])
+    event = ring.sign(schema.cloudevent(_action()))
+    assert event["faultlenssigalg"] == "hmac-sha256" and len(event["faultlenssig"]) == 43
+    ring.verify(event)
+    in_flight = {k: v for k, v in event.items() if k not in ("faultlenssigalg", "faultlenssig")}
+    in_flight["faultlenssig"] = old_key.mac(canonical(in_flight))  # signed before faultlenssigalg existed
+    ring.verify(in_flight)
+    assert _reason(ring, dict(event, faultlenssigalg="ed25519")) == "wrong_algorithm"
+    assert "holds a signing key (k-old): HMAC" in (verifier_warning(ring, "agent") or "")
+    (tmp_path / "typo.toml").write_text('type = "rsa"\nid = "k3"\n')
+    with pytest.raises(ConfigError, match="unknown key type .rsa.*typo.toml"):
+        read_key(tmp_path / "typo.toml")
+
+
+def test_a_key_restricted_to_commands_cannot_sign_an_action(tmp_path) -> None:
+    cmd_key = new_key("k-cmd", purposes=["commands"])
+    act_key = new_key("k-act", purposes=["actions"])
+    files = [write_key(cmd_key, tmp_path / "cmd.toml"), write_key(act_key, tmp_path / "act.toml")]
+    assert 'purposes = ["commands"]' in files[0].read_text()
+    diagnosis = Keyring.from_config(KeysConfig(files=tuple(map(str, files)), active="k-cmd"))
+    verifier = Keyring([read_key(f).public_half() for f in files])  # type: ignore[union-attr]
+    cmd = schema.Command("cmd-1", time.time(), "dump_stacks", "job-7", ["gpu-n1"])
+    action_event = diagnosis.sign(schema.cloudevent(_action(ts=time.time())))
+    assert action_event["faultlenskeyid"] == "k-act"  # the active key may not sign actions: the other does
+    assert diagnosis.sign(schema.cloudevent(cmd))["faultlenskeyid"] == "k-cmd"
+    verifier.verify(action_event)
+    # The attack: whoever holds the commands-only private key drops the restriction from their copy
+    # and signs an eviction; the verifier's own (public) file says what the key may sign.
+    unrestricted = Ed25519Key.from_seed("k-cmd", cmd_key.private or b"")  # type: ignore[union-attr]
+    forged = Keyring([unrestricted]).sign(schema.cloudevent(_action(id="act-forged", ts=time.time())))
+    assert _reason(verifier, forged) == "wrong_purpose"
+    with pytest.raises(ConfigError, match="may sign actions"):
+        _ring([cmd_key]).sign(schema.cloudevent(_action()))
+    with pytest.raises(ConfigError, match="purposes"):
+        new_key("k-x", purposes=["incidents"])
+
+
+def test_an_agent_given_a_private_key_says_so_at_start(tmp_path, caplog) -> None:
+    from types import SimpleNamespace
+
+    from faultlens.collectors.stacks import StacksSource
+    from faultlens.config import Config
+
+    private = write_key(TEST_KEY, tmp_path / "k.toml")
+    public = write_key(TEST_KEY.public_half(), public_path(private))
+    StacksSource(SimpleNamespace(config=Config(keys=KeysConfig(files=(str(public),)))), {})
+    assert "holds a signing key" not in caplog.text
+    source = StacksSource(SimpleNamespace(config=Config(keys=KeysConfig(files=(str(private),)))), {})
+    assert "agent holds a signing key (test-key)" in caplog.text and ".pub" in caplog.text
+    assert source.keyring.keys["test-key"].can_sign  # it still verifies: a warning, not a refusal
+
+
+def test_diagnosis_given_only_the_public_file_refuses_to_start(tmp_path) -> None:
+    from faultlens.config import Config
+    from faultlens.diagnosis.online import DiagnosisService
+
+    public = write_key(TEST_KEY.public_half(), tmp_path / "k.toml.pub")
+    with pytest.raises(ConfigError, match="only public keys.*not FILE.pub"):
+        DiagnosisService(Config(keys=KeysConfig(files=(str(public),))))

@@ -56,7 +56,7 @@ from faultlens.diagnosis.online.state import (
     snapshot,
 )
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
-from faultlens.errors import BusError, SchemaError
+from faultlens.errors import BusError, ConfigError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
@@ -112,6 +112,10 @@ class DiagnosisService:
         self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
         # Every action and command is signed (a bad key file fails here, at start).
         self.keyring = Keyring.from_config(config.keys)
+        if self.keyring and not self.keyring.can_sign:  # only .pub files: every action would fail to sign
+            raise ConfigError(f"diagnosis signs actions and commands, but [keys] files hold only public keys "
+                              f"({', '.join(self.keyring.keys)}): name the private key file (not FILE.pub)",
+                              key="keys.files")
         if not self.keyring:
             log.warning("diagnosis: no signing key, actions and commands go out unsigned: the runner only "
                         "dry-runs them and agents ignore them; %s", HOW_TO_MAKE_A_KEY)

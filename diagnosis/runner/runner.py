@@ -62,7 +62,7 @@ from faultlens.errors import BusError, ConfigError, LakeError, SchemaError
 from faultlens.metrics import ServiceMetrics
 from faultlens.stream import schema, topics
 from faultlens.stream.schema import Action, ActionStatus, DeadLetter
-from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, Unverified
+from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, Unverified, verifier_warning
 from faultlens.vocabulary import ActionType
 
 log = logging.getLogger(__name__)
@@ -377,6 +377,9 @@ class ActionRunner:
         if not self.keyring:
             log.warning("runner: no signing key configured: no action will be executed, only dry-run; %s",
                         HOW_TO_MAKE_A_KEY)
+        warning = verifier_warning(self.keyring, "runner")
+        if warning:
+            log.warning("%s", warning)
         loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms,
                            metrics=self.metrics)
         try:

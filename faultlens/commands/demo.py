@@ -61,19 +61,23 @@ SIMULATED_LEAD_S = 86_400.0  # how far ahead of the wall clock a simulated timel
 
 
 def demo_key(workdir: Path) -> Path:
-    """The run's signing key (made once per work directory): diagnosis signs, runner and agents verify."""
-    from faultlens.stream.signing import new_key, write_key
+    """The run's private signing key (made once per work directory, with its public FILE.pub):
+    diagnosis signs with it; the runner and agents get only the .pub (``service_env``)."""
+    from faultlens.stream.signing import Ed25519Key, new_key, public_path, write_key
 
     path = workdir / "signing-key.toml"
-    if not path.exists():
-        write_key(new_key("demo"), path)
+    if not path.exists() or not public_path(path).exists():
+        key = new_key("demo")
+        assert isinstance(key, Ed25519Key)
+        write_key(key, path, force=True)
+        write_key(key.public_half(), public_path(path), force=True)
     return path
 
 
 def service_env(workdir: Path, bootstrap: str) -> dict[str, str]:
     """The environment that points every service at one bus, one work directory and one signing key."""
     return {
-        "FAULTLENS_KEYS_FILES": str(demo_key(workdir)),
+        "FAULTLENS_KEYS_FILES": f"{demo_key(workdir)}.pub",  # verify only; diagnosis: start_pipeline
         # The simulated cluster plays its timeline at --speed x real time, so its event time (and
         # the actions' and commands' times) runs ahead of the wall clock by design; a real cluster
         # keeps the default bound of 60 s.
@@ -96,7 +100,7 @@ def start_pipeline(sup: Any, *, nodes: int, speed: float, segment: float, workdi
                    faults: list[str] | None = None) -> None:
     """Processor, diagnosis, runner and the live simulated cluster (the order they must start in)."""
     sup.start("stream", "stream")
-    sup.start("diagnose", "diagnose")
+    sup.start("diagnose", "diagnose", "--set", f"keys.files={demo_key(workdir)}")  # the one that signs
     sup.start("runner", "runner")
     sim = ["simulate", "live", "--nodes", str(nodes), "--speed", str(speed), "--segment", str(segment),
            "--workdir", str(workdir / "cluster")]
