@@ -40,6 +40,7 @@ from typing import Any
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
+from faultlens.diagnosis.hotpath import forwarded_headers
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.state import (
@@ -57,7 +58,6 @@ from faultlens.errors import BusError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
-from faultlens.stream.decode import CONTENT_TYPE_HEADER
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
 log = logging.getLogger(__name__)
@@ -274,12 +274,7 @@ class DiagnosisService:
             st.next_offset = m.offset + 1
             st.dirty = True
             self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
-            kind = (m.header("k") or b"").decode()
-            source_key = (m.header("sk") or b"").decode()
-            try:
-                source_offset = int(m.header("so") or b"-1")
-            except ValueError:
-                source_offset = -1
+            kind, source_key, source_offset, ctype = forwarded_headers(m)
             if source_offset >= 0 and st.seen(kind, source_key, source_offset):
                 continue  # forwarded twice by a repartitioner that crashed before its commit
             if kind == "jobs":
@@ -287,8 +282,7 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                ctype = m.header(CONTENT_TYPE_HEADER)
-                record = schema.decode(kind, m.value, content_type=ctype.decode("latin-1") if ctype else None)
+                record = schema.decode(kind, m.value, content_type=ctype)
             except (SchemaError, ValueError) as exc:
                 self.decode_errors += 1
                 if self._diag_loop is not None:
