@@ -58,6 +58,7 @@ from faultlens.errors import BusError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
+from faultlens.stream.produce import make_producer
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
 log = logging.getLogger(__name__)
@@ -440,7 +441,8 @@ class DiagnosisService:
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
         # Every round ends in a flush, so lingering only batches sends within a round.
-        producer = self._producer = Producer(bus, self.bootstrap, keyring=self.keyring, linger_ms=20)
+        producer = self._producer = make_producer(bus, self.bootstrap, backend=self.config.diagnosis.producer,
+                                                  keyring=self.keyring, linger_ms=20)
         # A new group reads the input from the start and skips what is older than a short lookback:
         # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
         not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)

@@ -106,6 +106,9 @@ class DiagnosisConfig:
     webhook_token: str = ""  # sent as "Authorization: Bearer <token>"; secret
     webhook_timeout_s: float = 5.0
     webhook_retries: int = 3
+    # The service's producer (repartition forwards, checkpoints, outputs; stream/produce.py): "auto"
+    # (confluent-kafka when installed: ~2 us a message against kafka-python's ~20), "kafka" or "confluent".
+    producer: str = "auto"
 
 
 @dataclass(frozen=True)
