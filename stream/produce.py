@@ -23,6 +23,7 @@ from faultlens.errors import BusError, ConfigError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Producer, client_kwargs, is_embedded
 from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
+from faultlens.stream.fetch import confluent_security
 from faultlens.stream.signing import Keyring
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,7 @@ class ConfluentProducer(Producer):
             "message.timeout.ms": 60_000,
             "log_level": 3,
         }
-        for src, dst in (("ssl_cafile", "ssl.ca.location"), ("ssl_certfile", "ssl.certificate.location"),
-                         ("ssl_keyfile", "ssl.key.location"), ("ssl_password", "ssl.key.password")):
-            if src in kw:
-                conf[dst] = kw[src]
-        if "sasl_mechanism" in kw:
-            conf.update({"sasl.mechanism": kw["sasl_mechanism"], "sasl.username": kw["sasl_plain_username"],
-                         "sasl.password": kw["sasl_plain_password"]})
+        conf.update(confluent_security(kw))
         self._ck = ck
         self._failed: list[str] = []
         try:
