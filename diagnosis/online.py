@@ -58,6 +58,7 @@ from faultlens.errors import BusError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
+from faultlens.stream.coop import group_consumer
 from faultlens.stream.produce import make_producer
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
@@ -452,9 +453,11 @@ class DiagnosisService:
             jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
             # One consumer, one group, for both stages: the input topics (repartitioned) and the
             # repartition topic (diagnosed). Two groups per process made Tansu's joins take 10-40 s.
-            consumer = self._rep_consumer = Consumer(
-                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], group_id=gid, bootstrap=self.bootstrap,
-                from_beginning=True, listener=_listener(self),
+            # kafka-python (eager rebalances) or confluent-kafka (cooperative: a membership change stops
+            # only the partitions that move; stream/coop.py).
+            consumer = self._rep_consumer = group_consumer(
+                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], backend=self.config.diagnosis.consumer,
+                group_id=gid, bootstrap=self.bootstrap, listener=_listener(self), instance_id=self.config.diagnosis.instance_id,
                 fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
             repartitioner = self.repartitioner
 

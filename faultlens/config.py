@@ -109,6 +109,13 @@ class DiagnosisConfig:
     # The service's producer (repartition forwards, checkpoints, outputs; stream/produce.py): "auto"
     # (confluent-kafka when installed: ~2 us a message against kafka-python's ~20), "kafka" or "confluent".
     producer: str = "auto"
+    # The group consumer (stream/coop.py): "auto" (confluent-kafka when installed), "kafka" (kafka-python:
+    # eager rebalances, every instance stops while one joins or leaves) or "confluent" (cooperative-sticky:
+    # only the partitions that move stop).
+    consumer: str = "auto"
+    # Static membership (group.instance.id), one stable id per instance: a restart within the session
+    # timeout keeps its partitions, no rebalance (real Kafka 2.3+; the embedded broker does not honour it).
+    instance_id: str = ""
 
 
 @dataclass(frozen=True)
