@@ -51,6 +51,14 @@ class _Raw:
 
         return {TopicPartition(tp.topic, tp.partition) for tp in self._owner._consumer.assignment()}
 
+    def pause(self, *tps: Any) -> None:
+        ck = self._owner._ck
+        self._owner._consumer.pause([ck.TopicPartition(tp.topic, tp.partition) for tp in tps])
+
+    def resume(self, *tps: Any) -> None:
+        ck = self._owner._ck
+        self._owner._consumer.resume([ck.TopicPartition(tp.topic, tp.partition) for tp in tps])
+
     def seek(self, tp: Any, offset: int) -> None:
         ck = self._owner._ck
         try:
