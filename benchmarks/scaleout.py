@@ -110,6 +110,7 @@ def worker(args: argparse.Namespace) -> None:
             loop = service._diag_loop
             data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
                     "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
+                    "busy_cpu_s": loop.stats.busy_cpu_s if loop else 0.0, "cpu_s": time.process_time(),
                     "forwarded": r.forwarded if r else 0, "partitions": sorted(service.partitions),
                     "jobs": sorted(k for k in list(service.states) if not k.startswith("~")),
                     "restores": service.restores[-32:], "produced": service.produced}
@@ -256,6 +257,8 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         # written before the joins was drained by the first instance alone while the others joined
         # (the rate over the drain then read 0 records/s for 2 and 4 instances).
         join_s = wait_assigned(cluster, names, REPARTITION_PARTITIONS)
+        time.sleep(0.5)  # a fresh stats file (written every 0.25 s) for the CPU baseline
+        before = [cluster.stats(x) for x in names]
         with Producer(bus) as p:
             for r in fl.topologies:
                 p.send(r)
@@ -278,16 +281,25 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         rate = end[1] / max(1e-9, end[0] - t0)
         busy = [s.get("busy_s", 0.0) for s in per]
         capacity = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, busy, strict=True)]
+        # CPU seconds: the handler thread's (what a dedicated core would take), and the whole worker
+        # process's over the drain (its client threads and idle polls too).
+        cpu_busy = [s.get("busy_cpu_s", 0.0) for s in per]
+        per_cpu = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, cpu_busy, strict=True)]
+        proc_cpu = [s.get("cpu_s", 0.0) - s0.get("cpu_s", 0.0) for s, s0 in zip(per, before, strict=True)]
+        per_proc = [round(s.get("applied", 0) / c) if c > 0 else 0 for s, c in zip(per, proc_cpu, strict=True)]
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
                "records_by_instance": [s.get("applied", 0) for s in per],
                "jobs_by_instance": [len(s.get("jobs", [])) for s in per],
-               "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity}
+               "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity,
+               "records_per_handler_cpu_s": per_cpu, "records_per_process_cpu_s": per_proc,
+               "load_avg_1m": round(os.getloadavg()[0], 2)}
         out.append(row)
         print(f"  {n} instance(s): {rate:8.0f} records/s in all, {rate / n:7.0f} per instance; partitions "
               f"{row['partitions']}, records {row['records_by_instance']}, jobs {row['jobs_by_instance']}; "
-              f"records per busy second {capacity} (join {join_s:.1f} s)", flush=True)
+              f"records per busy second {capacity}, per handler CPU second {per_cpu}, per process CPU second "
+              f"{per_proc} (join {join_s:.1f} s, load {row['load_avg_1m']})", flush=True)
     return out
 
 
