@@ -81,7 +81,10 @@ def _config(args: argparse.Namespace) -> Any:
     key = Path(args.dir) / "signing-key.toml"  # made by the test that runs a runner (kill_test)
     keys = KeysConfig(files=(str(key),)) if key.exists() else KeysConfig()
     # The runner's own caps are not what this measures: every eviction is expected to run.
-    return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path=""), guard=guard,
+    diag = DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path="",
+                           consumer=os.environ.get("SCALEOUT_CONSUMER", "auto"),
+                           producer=os.environ.get("SCALEOUT_PRODUCER", "auto"))
+    return Config(bus=bus, diagnosis=diag, guard=guard,
                   runner=RunnerConfig(adapter="command", hook_command=hook, execute=True, group_id=f"{args.prefix}-run",
                                       state_path=f"{args.dir}/ledger.jsonl", max_action_age_s=1e9,
                                       max_actions_per_window=1_000_000, max_nodes_evicted_per_hour=1_000_000),
@@ -91,7 +94,7 @@ def _config(args: argparse.Namespace) -> Any:
 def worker(args: argparse.Namespace) -> None:
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=os.environ.get("SCALEOUT_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
     config = _config(args)
     if args.role == "runner":
         from faultlens.diagnosis.runner.runner import ActionRunner
@@ -324,6 +327,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
     watch = ActionWatch(bus)
     cluster = Cluster(broker.bootstrap, prefix, work)
     lat: list[float] = []
+    by_phase: dict[int, list[float]] = {}
     missing = 0
     used: set[str] = set()
     rng = random.Random(7)
@@ -340,6 +344,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
         cluster.start()
         wait_assigned(cluster, cluster.diag(), 16)
         pending: list[tuple[str, float]] = []
+        phase_of: dict[str, int] = {}  # node -> the instance count its Xid was sent under
         for target in (1, 2, 4):
             while len(cluster.diag()) < target:
                 cluster.start()
@@ -347,6 +352,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
             while time.monotonic() - t_phase < phase_s:
                 topo = rng.choice(fl.topologies)
                 pending.append(xid_on(_nodes(topo)))
+                phase_of[pending[-1][0]] = target
                 time.sleep(1.0)
         deadline = time.time() + 60  # a loaded machine lags: wait for the last ones before counting
         while time.time() < deadline and any(watch.first(n) is None for n, _ in pending):
@@ -357,6 +363,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
                 missing += 1
             else:
                 lat.append(got - t)
+                by_phase.setdefault(phase_of[node], []).append(round(got - t, 2))
         # Failover: kill one instance, then a Xid on a job it owned.
         fo: list[float] = []
         restore_s: list[float] = []
@@ -388,7 +395,8 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
     return {"xid_to_action_p50_s": round(statistics.median(lat), 3) if lat else None,
             "xid_to_action_p99_s": round(pct(lat, 99), 3) if lat else None,
             "xid_to_action_max_s": round(max(lat), 3) if lat else None, "xids": len(pending), "missing": missing,
-            "failover_s": [round(x, 2) for x in fo], "restore_s_max": round(max(restore_s), 3) if restore_s else None}
+            "failover_s": [round(x, 2) for x in fo], "restore_s_max": round(max(restore_s), 3) if restore_s else None,
+            "xid_to_action_s_by_instances": by_phase}
 
 
 def _nodes(topo: Any) -> list[str]:
@@ -507,6 +515,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--kills", type=int)
     ap.add_argument("--workdir", help="keep worker logs, ledgers and hook logs here (default: a temporary folder)")
+    ap.add_argument("--consumer", default="auto", help="the diagnosis group consumer: auto, kafka (eager) or "
+                    "confluent (cooperative)")
+    ap.add_argument("--producer", default="auto", help="the diagnosis producer: auto, kafka or confluent")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: throughput,live,kill")
     args = ap.parse_args()
     if args.mode == "worker":
@@ -514,11 +525,13 @@ def main() -> None:
         return
     from faultlens.stream.broker import EmbeddedBroker
 
+    os.environ["SCALEOUT_CONSUMER"], os.environ["SCALEOUT_PRODUCER"] = args.consumer, args.producer  # workers inherit
     nodes = args.nodes or (256 if args.quick else 2048)
     kills = args.kills or (2 if args.quick else 10)
     seconds = 30  # of 1 Hz samples: a backlog the drain rate can be read from (5 s drained in a blink)
     skip = set(filter(None, args.skip.split(",")))
-    result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick}
+    result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick,
+                              "consumer": args.consumer, "producer": args.producer}
     with tempfile.TemporaryDirectory(prefix="faultlens-scaleout-") as tmp, EmbeddedBroker() as broker:
         base = Path(args.workdir) if args.workdir else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,13 @@ diagnosis use it: ``poll``, ``commit``, ``close``, ``raw.assignment()``,
 ``raw.seek()`` and a ``kafka.ConsumerRebalanceListener`` called with the
 partitions revoked or added, on the polling thread, inside ``poll``.
 
+Measured on the embedded broker (benchmarks/scaleout.py --consumer confluent): two
+bare members rebalance incrementally (tests/test_stream_coop.py), but with four
+diagnosis instances joining, Tansu made the first member lose its whole
+assignment (librdkafka's "lost" callback) and the moved jobs waited 10-13 s,
+against 2 s for kafka-python's eager protocol: ``auto`` keeps kafka-python
+there and takes this consumer on a real cluster.
+
 Static membership (``group.instance.id``, KIP-345): ``instance_id`` sets it, so
 a restarted instance gets its partitions back without a rebalance, on a real
 Kafka (2.3+). The embedded broker does not honour it: a static member that
@@ -190,7 +197,10 @@ def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: 
     if backend == "auto":
         from faultlens.stream.produce import confluent_available
 
-        backend = "confluent" if confluent_available() else "kafka"
+        # Not on the embedded broker: there a member lost its whole assignment when others joined
+        # (benchmarks/scaleout.py --consumer confluent: Xid -> action 10-13 s in the joins, 2 s eager).
+        servers = bootstrap or bus.bootstrap_servers or ""
+        backend = "confluent" if confluent_available() and not is_embedded(servers) else "kafka"
     if backend == "confluent":
         return CooperativeConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, listener=listener,
                                    fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
