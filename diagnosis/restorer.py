@@ -60,7 +60,7 @@ class BackgroundRestorer:
 
     def done(self) -> list[Outcome]:
         """Reads finished since the last call, for partitions still wanted (in the order they finished)."""
-        out = []
+        out: list[Outcome] = []
         while True:
             try:
                 p, result, asked = self._done.get_nowait()

@@ -141,7 +141,7 @@ class CooperativeConsumer:
     def poll(self, timeout_ms: int = 500, max_records: int = 10_000) -> list[Message]:
         ck = self._ck
         try:
-            msgs = self._consumer.consume(num_messages=max_records, timeout=timeout_ms / 1000.0)
+            msgs: list[Any] = self._consumer.consume(num_messages=max_records, timeout=timeout_ms / 1000.0)
         except ck.KafkaException as exc:
             raise BusError(f"consuming {self.topics} failed: {exc}") from exc
         out = []

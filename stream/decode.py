@@ -489,7 +489,7 @@ def _columnar_gpu_fast(obj: dict[str, Any]) -> GpuSample | None:
             return None
         names.append(name)
         columns.append(parts)
-    top = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
+    top: dict[str, Any] = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
     top["gpus"] = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
     try:
         record: GpuSample = msgspec.convert(top, GpuSample)  # strict: a 0/1 flag column is no bool here
