@@ -5,10 +5,14 @@ mode of this script), as in production; this process feeds the fleet
 (tests/fleetgen: jobs of 8 nodes x 8 GPUs plus nodes outside any job) and
 watches the output topics.
 
-1. throughput: a backlog of the fleet's records (NVML samples, step timings)
-   drained by 1, 2 and 4 instances: records/s in all and per instance, and the
-   partition balance (repartition partitions and records per instance). The
-   machine has 2 cores: past 2 instances the sum cannot grow;
+1. throughput: 30 s of the fleet's records (NVML samples as the agent sends
+   them, MessagePack column-major, and step timings), written once 1, 2 or 4
+   instances have joined, and drained: records/s in all and per instance, the
+   partition balance, and records per busy second three ways: per wall second
+   in the handler, per CPU second of the handler's thread (what a dedicated core
+   would take) and per CPU second of the whole worker process (client threads
+   too). The machine has 2 cores: past 2 instances the sum cannot grow, and wall
+   busy seconds count the waits for a core;
 2. scale-out latency: a live fleet at 1 Hz, one instance, then 2, then 4; a Xid
    79 every second on a fresh node -> its action on the actions topic: p50/p99;
 3. failover: one instance killed (kill -9) -> a Xid on a job it owned -> the
@@ -20,8 +24,9 @@ watches the output topics.
    applied twice (the hook applies an effect once per action id, as drain or
    cordon do), hook runs repeated (a resumed in-flight step), incidents kept.
 
-    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~1.5 min: group joins and restarts take seconds)
+    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~2.5 min: group joins and restarts take seconds)
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
+    python benchmarks/scaleout.py --quick --consumer confluent   # cooperative rebalancing (stream/coop.py)
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
 One script over ~500 lines: its worker mode and the four measurements share the fleet set-up.
