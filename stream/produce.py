@@ -120,6 +120,13 @@ class ConfluentProducer(Producer):
             raise BusError(f"flush failed: {len(failed)} message(s) not delivered ({failed[0]})")
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued (up to ``timeout_s``), then stop librdkafka's threads."""
         left = self._producer.flush(timeout_s)
         if left:
             log.warning("producer closed with %d message(s) not delivered", left)
+        close = getattr(self._producer, "close", None)  # confluent-kafka 2.13+; older ones stop when collected
+        if close is not None:
+            try:
+                close()
+            except (RuntimeError, self._ck.KafkaException) as exc:
+                log.debug("producer close: %r", exc)
