@@ -5,10 +5,14 @@ mode of this script), as in production; this process feeds the fleet
 (tests/fleetgen: jobs of 8 nodes x 8 GPUs plus nodes outside any job) and
 watches the output topics.
 
-1. throughput: a backlog of the fleet's records (NVML samples, step timings)
-   drained by 1, 2 and 4 instances: records/s in all and per instance, and the
-   partition balance (repartition partitions and records per instance). The
-   machine has 2 cores: past 2 instances the sum cannot grow;
+1. throughput: 30 s of the fleet's records (NVML samples as the agent sends
+   them, MessagePack column-major, and step timings), written once 1, 2 or 4
+   instances have joined, and drained: records/s in all and per instance, the
+   partition balance, and records per busy second three ways: per wall second
+   in the handler, per CPU second of the handler's thread (what a dedicated core
+   would take) and per CPU second of the whole worker process (client threads
+   too). The machine has 2 cores: past 2 instances the sum cannot grow, and wall
+   busy seconds count the waits for a core;
 2. scale-out latency: a live fleet at 1 Hz, one instance, then 2, then 4; a Xid
    79 every second on a fresh node -> its action on the actions topic: p50/p99;
 3. failover: one instance killed (kill -9) -> a Xid on a job it owned -> the
@@ -20,8 +24,9 @@ watches the output topics.
    applied twice (the hook applies an effect once per action id, as drain or
    cordon do), hook runs repeated (a resumed in-flight step), incidents kept.
 
-    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~1.5 min: group joins and restarts take seconds)
+    python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~2.5 min: group joins and restarts take seconds)
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
+    python benchmarks/scaleout.py --quick --consumer confluent   # cooperative rebalancing (stream/coop.py)
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
 One script over ~500 lines: its worker mode and the four measurements share the fleet set-up.
@@ -83,7 +88,10 @@ def _config(args: argparse.Namespace) -> Any:
         key = Path(f"{key}.pub")  # the runner verifies with the public half; diagnosis signs with the private
     keys = KeysConfig(files=(str(key),)) if key.exists() else KeysConfig()
     # The runner's own caps are not what this measures: every eviction is expected to run.
-    return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path=""), guard=guard,
+    diag = DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path="",
+                           consumer=os.environ.get("SCALEOUT_CONSUMER", "auto"),
+                           producer=os.environ.get("SCALEOUT_PRODUCER", "auto"))
+    return Config(bus=bus, diagnosis=diag, guard=guard,
                   runner=RunnerConfig(adapter="command", hook_command=hook, execute=True, group_id=f"{args.prefix}-run",
                                       state_path=f"{args.dir}/ledger.jsonl", max_action_age_s=1e9,
                                       max_actions_per_window=1_000_000, max_nodes_evicted_per_hour=1_000_000),
@@ -93,7 +101,7 @@ def _config(args: argparse.Namespace) -> Any:
 def worker(args: argparse.Namespace) -> None:
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=os.environ.get("SCALEOUT_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
     config = _config(args)
     if args.role == "runner":
         from faultlens.diagnosis.runner.runner import ActionRunner
@@ -112,6 +120,7 @@ def worker(args: argparse.Namespace) -> None:
             loop = service._diag_loop
             data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
                     "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
+                    "busy_cpu_s": loop.stats.busy_cpu_s if loop else 0.0, "cpu_s": time.process_time(),
                     "forwarded": r.forwarded if r else 0, "partitions": sorted(service.partitions),
                     "jobs": sorted(k for k in list(service.states) if not k.startswith("~")),
                     "restores": service.restores[-32:], "produced": service.produced}
@@ -238,6 +247,7 @@ def pct(values: list[float], q: float) -> float:
 def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[int]) -> list[dict[str, Any]]:
     from faultlens.config import BusConfig
     from faultlens.stream.bus import Producer, ensure_topics
+    from faultlens.stream.decode import encode_wire
     from faultlens.stream.topics import REPARTITION_PARTITIONS
     from tests import fleetgen
 
@@ -250,43 +260,56 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         work.mkdir()
         bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix=prefix, linger_ms=20)
         ensure_topics(bus)
+        total = len(fl.records)
+        cluster = Cluster(broker.bootstrap, prefix, work)
+        names = [cluster.start() for _ in range(n)]
+        # Every instance joins and takes its partitions first, then the backlog is written: a backlog
+        # written before the joins was drained by the first instance alone while the others joined
+        # (the rate over the drain then read 0 records/s for 2 and 4 instances).
+        join_s = wait_assigned(cluster, names, REPARTITION_PARTITIONS)
+        time.sleep(0.5)  # a fresh stats file (written every 0.25 s) for the CPU baseline
+        before = [cluster.stats(x) for x in names]
         with Producer(bus) as p:
             for r in fl.topologies:
                 p.send(r)
             p.flush(30)
+            t0 = time.monotonic()
             for r in fl.records:
-                p.send(r)
+                p.send(r, value=encode_wire(r))  # what the agent sends: MessagePack, GPU samples columnar
             p.flush(120)
-        total = len(fl.records)
-        cluster = Cluster(broker.bootstrap, prefix, work)
-        names = [cluster.start() for _ in range(n)]
-        t0 = time.monotonic()
-        join_s = wait_assigned(cluster, names, REPARTITION_PARTITIONS)
-        marks: list[tuple[float, int]] = []
+        marks: list[tuple[float, int]] = [(t0, 0)]
         while time.monotonic() - t0 < 300:
-            applied = sum(cluster.stats(x).get("applied", 0) for x in names)
+            applied = sum(cluster.stats(x).get("applied", 0) for x in names) - len(fl.topologies)
             marks.append((time.monotonic(), applied))
             if applied >= total:
                 break
-            time.sleep(0.25)
+            time.sleep(0.1)
         per = [cluster.stats(x) for x in names]
         cluster.stop_all()
-        # Rate over the drain once every instance has its partitions (joins excluded).
-        start = next((m for m in marks if m[0] - t0 >= join_s), marks[0]) if join_s == join_s else marks[0]
+        # Rate from the first record written to the last one applied (the writing is part of it).
         end = marks[-1]
-        rate = (end[1] - start[1]) / max(1e-9, end[0] - start[0])
+        rate = end[1] / max(1e-9, end[0] - t0)
         busy = [s.get("busy_s", 0.0) for s in per]
         capacity = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, busy, strict=True)]
+        # CPU seconds: the handler thread's (what a dedicated core would take), and the whole worker
+        # process's over the drain (its client threads and idle polls too).
+        cpu_busy = [s.get("busy_cpu_s", 0.0) for s in per]
+        per_cpu = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, cpu_busy, strict=True)]
+        proc_cpu = [s.get("cpu_s", 0.0) - s0.get("cpu_s", 0.0) for s, s0 in zip(per, before, strict=True)]
+        per_proc = [round(s.get("applied", 0) / c) if c > 0 else 0 for s, c in zip(per, proc_cpu, strict=True)]
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
                "records_by_instance": [s.get("applied", 0) for s in per],
                "jobs_by_instance": [len(s.get("jobs", [])) for s in per],
-               "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity}
+               "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity,
+               "records_per_handler_cpu_s": per_cpu, "records_per_process_cpu_s": per_proc,
+               "load_avg_1m": round(os.getloadavg()[0], 2)}
         out.append(row)
         print(f"  {n} instance(s): {rate:8.0f} records/s in all, {rate / n:7.0f} per instance; partitions "
               f"{row['partitions']}, records {row['records_by_instance']}, jobs {row['jobs_by_instance']}; "
-              f"records per busy second {capacity} (join {join_s:.1f} s)", flush=True)
+              f"records per busy second {capacity}, per handler CPU second {per_cpu}, per process CPU second "
+              f"{per_proc} (join {join_s:.1f} s, load {row['load_avg_1m']})", flush=True)
     return out
 
 
@@ -311,6 +334,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
     watch = ActionWatch(bus)
     cluster = Cluster(broker.bootstrap, prefix, work)
     lat: list[float] = []
+    by_phase: dict[int, list[float]] = {}
     missing = 0
     used: set[str] = set()
     rng = random.Random(7)
@@ -327,6 +351,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
         cluster.start()
         wait_assigned(cluster, cluster.diag(), 16)
         pending: list[tuple[str, float]] = []
+        phase_of: dict[str, int] = {}  # node -> the instance count its Xid was sent under
         for target in (1, 2, 4):
             while len(cluster.diag()) < target:
                 cluster.start()
@@ -334,6 +359,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
             while time.monotonic() - t_phase < phase_s:
                 topo = rng.choice(fl.topologies)
                 pending.append(xid_on(_nodes(topo)))
+                phase_of[pending[-1][0]] = target
                 time.sleep(1.0)
         deadline = time.time() + 60  # a loaded machine lags: wait for the last ones before counting
         while time.time() < deadline and any(watch.first(n) is None for n, _ in pending):
@@ -344,6 +370,7 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
                 missing += 1
             else:
                 lat.append(got - t)
+                by_phase.setdefault(phase_of[node], []).append(round(got - t, 2))
         # Failover: kill one instance, then a Xid on a job it owned.
         fo: list[float] = []
         restore_s: list[float] = []
@@ -375,7 +402,8 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
     return {"xid_to_action_p50_s": round(statistics.median(lat), 3) if lat else None,
             "xid_to_action_p99_s": round(pct(lat, 99), 3) if lat else None,
             "xid_to_action_max_s": round(max(lat), 3) if lat else None, "xids": len(pending), "missing": missing,
-            "failover_s": [round(x, 2) for x in fo], "restore_s_max": round(max(restore_s), 3) if restore_s else None}
+            "failover_s": [round(x, 2) for x in fo], "restore_s_max": round(max(restore_s), 3) if restore_s else None,
+            "xid_to_action_s_by_instances": by_phase}
 
 
 def _nodes(topo: Any) -> list[str]:
@@ -496,6 +524,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--kills", type=int)
     ap.add_argument("--workdir", help="keep worker logs, ledgers and hook logs here (default: a temporary folder)")
+    ap.add_argument("--consumer", default="auto", help="the diagnosis group consumer: auto, kafka (eager) or "
+                    "confluent (cooperative)")
+    ap.add_argument("--producer", default="auto", help="the diagnosis producer: auto, kafka or confluent")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: throughput,live,kill")
     args = ap.parse_args()
     if args.mode == "worker":
@@ -503,11 +534,13 @@ def main() -> None:
         return
     from faultlens.stream.broker import EmbeddedBroker
 
+    os.environ["SCALEOUT_CONSUMER"], os.environ["SCALEOUT_PRODUCER"] = args.consumer, args.producer  # workers inherit
     nodes = args.nodes or (16 if args.smoke else 256 if args.quick else 2048)
     kills = args.kills or (2 if args.quick else 10)
-    seconds = 2 if args.smoke else 5 if args.quick else 30
+    seconds = 2 if args.smoke else 30  # of 1 Hz samples: a backlog the drain rate can be read from (5 s drained in a blink)
     skip = set(filter(None, args.skip.split(","))) | ({"live", "kill"} if args.smoke else set())
-    result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick}
+    result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick,
+                              "consumer": args.consumer, "producer": args.producer}
     with tempfile.TemporaryDirectory(prefix="faultlens-scaleout-") as tmp, EmbeddedBroker() as broker:
         base = Path(args.workdir) if args.workdir else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)

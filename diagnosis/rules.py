@@ -136,15 +136,32 @@ class CounterRules:
         out: list[Finding] = []
         gpus = self._with_vanished(sample) if self._vanish else sample.gpus
         ts = sample.ts
+        node = sample.node
+        memory = self._gpus
+        steady_ok = self._steady_ok
         for g in gpus:
-            key = (sample.node, g.index)
-            mem = self._gpus.get(key)
+            key = (node, g.index)
+            mem = memory.get(key)
             if mem is None:
-                mem = self._gpus[key] = _GpuMemory()
+                mem = memory[key] = _GpuMemory()
             edge = self._edge_of(g)
-            if mem.quiet and edge == mem.edge and self._steady_ok:
+            if mem.quiet and steady_ok and edge == mem.edge:
+                # The steady path, inlined (most samples): _rate's window step, and its full test only
+                # when the value rose over the window.
+                history = mem.history
                 for rule in self._rates:
-                    hit = self._rate(rule, getattr(g, rule.field), mem, ts, steady=True)
+                    value = getattr(g, rule.field)
+                    hist = history.get(rule.field)
+                    if hist is None:
+                        hit = self._rate(rule, value, mem, ts, steady=True)
+                    else:
+                        hist.append((ts, value))
+                        window = rule.window_s
+                        while len(hist) > 2 and ts - hist[1][0] >= window:
+                            hist.popleft()
+                        if value == hist[0][1]:
+                            continue  # no rise over the window: a rate of 0 is below any threshold > 0
+                        hit = self._rate_after_window(rule, value, mem, ts)
                     if hit is not None:
                         out.append(self._finding(rule, hit, sample, g))
             else:
@@ -200,9 +217,15 @@ class CounterRules:
         hist.append((ts, value))
         while len(hist) > 2 and ts - hist[1][0] >= rule.window_s:
             hist.popleft()
-        t0, v0 = hist[0]
-        if steady and value == v0:
+        if steady and value == hist[0][1]:
             return None  # no rise over the window: a rate of 0 is below any threshold > 0
+        return CounterRules._rate_after_window(rule, value, mem, ts)
+
+    @staticmethod
+    def _rate_after_window(rule: CounterRule, value: Any, mem: _GpuMemory,
+                           ts: float) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """_rate once ``value`` is in the window's history: the rate over it, against the threshold."""
+        t0, v0 = mem.history[rule.field][0]
         span = ts - t0
         if span < rule.window_s * 0.5 or span <= 0:
             return None

@@ -106,6 +106,17 @@ class DiagnosisConfig:
     webhook_token: str = ""  # sent as "Authorization: Bearer <token>"; secret
     webhook_timeout_s: float = 5.0
     webhook_retries: int = 3
+    # The service's producer (repartition forwards, checkpoints, outputs; stream/produce.py): "auto"
+    # (confluent-kafka when installed: ~2 us a message against kafka-python's ~20), "kafka" or "confluent".
+    producer: str = "auto"
+    # The group consumer (stream/coop.py): "kafka" (kafka-python: eager rebalances, every instance stops
+    # while one joins or leaves) or "confluent" (cooperative-sticky: only the partitions that move stop, on
+    # a real Kafka; on the embedded broker a member lost its whole assignment in a join: slower there);
+    # "auto": confluent on a real cluster, kafka on the embedded broker.
+    consumer: str = "auto"
+    # Static membership (group.instance.id), one stable id per instance: a restart within the session
+    # timeout keeps its partitions, no rebalance (real Kafka 2.3+; the embedded broker does not honour it).
+    instance_id: str = ""
 
 
 @dataclass(frozen=True)

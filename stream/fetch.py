@@ -199,6 +199,13 @@ def confluent_settings(bus: BusConfig, bootstrap: str, check_crcs: bool) -> dict
         "check.crcs": check_crcs,
         "log_level": 3,
     }
+    conf.update(confluent_security(kw))
+    return conf
+
+
+def confluent_security(kw: dict[str, Any]) -> dict[str, Any]:
+    """The TLS and SASL settings of kafka-python's ``client_kwargs`` in librdkafka's names."""
+    conf: dict[str, Any] = {}
     for src, dst in (("ssl_cafile", "ssl.ca.location"), ("ssl_certfile", "ssl.certificate.location"),
                      ("ssl_keyfile", "ssl.key.location"), ("ssl_password", "ssl.key.password")):
         if src in kw:

@@ -43,7 +43,9 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.online.hotpath import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
+from faultlens.diagnosis.online.restorer import BackgroundRestorer
 from faultlens.diagnosis.online.state import (
     MARK_KEY,
     ChangelogReader,
@@ -60,7 +62,8 @@ from faultlens.errors import BusError, ConfigError, SchemaError
 from faultlens.stream import schema, topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
-from faultlens.stream.decode import CONTENT_TYPE_HEADER
+from faultlens.stream.coop import group_consumer
+from faultlens.stream.produce import make_producer
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
 log = logging.getLogger(__name__)
@@ -151,7 +154,8 @@ class DiagnosisService:
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
-        self._changelog: ChangelogReader | None = None
+        self._restorer: BackgroundRestorer | None = None  # reads changelogs off this thread
+        self._paused: set[int] = set()  # partitions paused until their restore is installed
         self._factory: EngineFactory | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -191,18 +195,26 @@ class DiagnosisService:
         return st
 
     def _rebalanced(self) -> None:
-        """Apply the group's queued rebalance events (revocations first, as they came)."""
+        """Apply the group's queued rebalance events (revocations first, as they came), then install
+        the partitions whose changelog the background restorer has read."""
         while True:
             try:
                 what, parts = self._events.get_nowait()
             except queue.Empty:
-                return
+                break
             if what == "revoke":
                 self._on_revoked(parts)
             else:
                 self._on_assigned(parts)
+        if self._restorer is not None:
+            for p, result, asked in self._restorer.done():
+                self._install(p, result, asked)
 
     def _on_revoked(self, partitions: list[int]) -> None:
+        if self._restorer is not None:
+            for p in partitions:
+                self._restorer.cancel(p)
+        self._paused.difference_update(partitions)  # a new assignment starts unpaused
         gone = set(partitions) & self.partitions
         if not gone:
             return
@@ -221,50 +233,64 @@ class DiagnosisService:
         log.info("diagnosis: gave up partitions %s", sorted(gone))
 
     def _on_assigned(self, partitions: list[int]) -> None:
+        """New partitions: their changelog is read in the background (diagnosis.restorer); the jobs this
+        instance already has keep running meanwhile, and these partitions' records wait (_refetch)."""
+        if self._restorer is None:
+            self._restorer = BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap))
         for p in sorted(set(partitions) - self.partitions):
-            started = time.monotonic()
+            self._restorer.submit(p)
+
+    def _install(self, p: int, result: Restored | BusError, started: float) -> None:
+        """A partition's jobs from what its changelog held; from then on its records apply."""
+        if isinstance(result, BusError):
+            # A changelog the broker cannot hand over (a memory-only broker restarted and lost it,
+            # or it times out): the partition's jobs start afresh rather than the service stopping.
+            # Their open incidents are forgotten; action ids are deterministic and the runner's
+            # ledger executes an id once, so a re-decided action is not run twice.
+            log.error("diagnosis: changelog partition %d unreadable (%s): its jobs start afresh", p, result)
+            self.restore_failures += 1
+            result = Restored({}, None, 0, time.monotonic() - started)
+        restored = result
+        keys = 0
+        for offset, why in restored.bad_marks:
+            self._unreadable("marker", MARK_KEY, p, offset, why)
+        for key, value in restored.values.items():
             try:
-                if self._changelog is None:
-                    self._changelog = ChangelogReader(self.config, self.bootstrap)
-                restored = self._changelog.read(p)
-            except BusError as exc:
-                # A changelog the broker cannot hand over (a memory-only broker restarted and lost it,
-                # or it times out): the partition's jobs start afresh rather than the service stopping.
-                # Their open incidents are forgotten; action ids are deterministic and the runner's
-                # ledger executes an id once, so a re-decided action is not run twice.
-                log.error("diagnosis: changelog partition %d unreadable (%s): its jobs start afresh", p, exc)
-                self.restore_failures += 1
-                close_quietly(self._changelog)  # a fresh client next time: this one may be stuck on the old cluster
-                self._changelog = None
-                restored = Restored({}, None, 0, time.monotonic() - started)
-            keys = 0
-            for offset, why in restored.bad_marks:
-                self._unreadable("marker", MARK_KEY, p, offset, why)
-            for key, value in restored.values.items():
-                try:
-                    st = restore(value, p, self.make_engine, key)
-                except CheckpointError as exc:
-                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), str(exc))
-                    continue
-                except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
-                    self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), repr(exc))
-                    continue
-                self.states[key] = st
-                keys += 1
-            mark = restored.mark or {}
-            start = int(mark.get("next_offset", 0))
-            self.stream_time[p] = self._bounded(float(mark.get("stream_time", 0.0)))
-            self._applied[p] = self._marked[p] = start
-            # No seek: the committed offset never passes the marker (hold_back), so the group
-            # resumes at or before it, and what the checkpoints already hold is skipped.
-            self.partitions.add(p)
-            self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
-                                  "seconds": round(time.monotonic() - started, 3), "from_offset": start,
-                                  "wall": time.time()})
-            log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s, "
-                     "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
-        if self.partitions:
-            self.ready.set()
+                st = restore(value, p, self.make_engine, key)
+            except CheckpointError as exc:
+                self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
+                self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), repr(exc))
+                continue
+            self.states[key] = st
+            keys += 1
+        mark = restored.mark or {}
+        start = int(mark.get("next_offset", 0))
+        self.stream_time[p] = self._bounded(float(mark.get("stream_time", 0.0)))
+        self._applied[p] = self._marked[p] = start
+        # No seek: the committed offset never passes the marker (hold_back), so the group
+        # resumes at or before it, and what the checkpoints already hold is skipped.
+        self.partitions.add(p)
+        self._resume(p)
+        self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
+                              "seconds": round(time.monotonic() - started, 3), "from_offset": start,
+                              "wall": time.time()})
+        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s, "
+                 "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
+        self.ready.set()
+
+    def _resume(self, p: int) -> None:
+        """Fetch a partition again that _refetch paused while its state was being read."""
+        if p not in self._paused or self._rep_consumer is None:
+            return
+        from kafka import TopicPartition
+
+        self._paused.discard(p)
+        try:
+            self._rep_consumer.raw.resume(TopicPartition(self.rep_topic, p))
+        except Exception as exc:  # noqa: BLE001 - revoked meanwhile: its next owner reads it
+            log.debug("diagnosis: cannot resume partition %d: %r", p, exc)
 
     def _unreadable(self, what: str, key: str, partition: int, offset: int, why: str) -> None:
         """A checkpoint or marker that did not read: counted, logged with where it is; the job starts afresh."""
@@ -301,12 +327,7 @@ class DiagnosisService:
             st.next_offset = m.offset + 1
             st.dirty = True
             self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
-            kind = (m.header("k") or b"").decode()
-            source_key = (m.header("sk") or b"").decode()
-            try:
-                source_offset = int(m.header("so") or b"-1")
-            except ValueError:
-                source_offset = -1
+            kind, source_key, source_offset, ctype = forwarded_headers(m)
             if source_offset >= 0 and st.seen(kind, source_key, source_offset):
                 continue  # forwarded twice by a repartitioner that crashed before its commit
             if kind == "jobs":
@@ -314,8 +335,7 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                ctype = m.header(CONTENT_TYPE_HEADER)
-                record = schema.decode(kind, m.value, content_type=ctype.decode("latin-1") if ctype else None)
+                record = schema.decode(kind, m.value, content_type=ctype)
             except (SchemaError, ValueError) as exc:
                 self.decode_errors += 1
                 if self._diag_loop is not None:
@@ -343,6 +363,9 @@ class DiagnosisService:
         for p, off in first.items():
             if p in assigned:
                 self._rep_consumer.raw.seek(TopicPartition(name, p), off)
+                if self._restorer is not None and p in self._restorer.pending and p not in self._paused:
+                    self._rep_consumer.raw.pause(TopicPartition(name, p))  # fetched again once restored
+                    self._paused.add(p)
 
     def _tick(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -476,7 +499,8 @@ class DiagnosisService:
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
         # Every round ends in a flush, so lingering only batches sends within a round.
-        producer = self._producer = Producer(bus, self.bootstrap, keyring=self.keyring, linger_ms=20)
+        producer = self._producer = make_producer(bus, self.bootstrap, backend=self.config.diagnosis.producer,
+                                                  keyring=self.keyring, linger_ms=20)
         # A new group reads the input from the start and skips what is older than a short lookback:
         # "latest" would lose what arrives while the group is still joining (seconds on Tansu).
         not_before = 0 if self.from_beginning else int((time.time() - self.lookback_s) * 1000)
@@ -486,9 +510,11 @@ class DiagnosisService:
             jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
             # One consumer, one group, for both stages: the input topics (repartitioned) and the
             # repartition topic (diagnosed). Two groups per process made Tansu's joins take 10-40 s.
-            consumer = self._rep_consumer = Consumer(
-                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], group_id=gid, bootstrap=self.bootstrap,
-                from_beginning=True, listener=_listener(self),
+            # kafka-python (eager rebalances) or confluent-kafka (cooperative: a membership change stops
+            # only the partitions that move; stream/coop.py).
+            consumer = self._rep_consumer = group_consumer(
+                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], backend=self.config.diagnosis.consumer,
+                group_id=gid, bootstrap=self.bootstrap, listener=_listener(self), instance_id=self.config.diagnosis.instance_id,
                 fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
             repartitioner = self.repartitioner
 
@@ -523,8 +549,8 @@ class DiagnosisService:
             self._flush(force=True)
             loop.commit()
         finally:
-            close_quietly(consumer, jobs_reader, self._changelog)
-            self._changelog = None
+            close_quietly(consumer, jobs_reader, self._restorer)
+            self._restorer = None
             if self._owns_guard_log and isinstance(self.guard_log, KafkaGuardLog):
                 self.guard_log.close()
                 self.guard_log, self._owns_guard_log = None, False

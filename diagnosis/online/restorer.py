@@ -1,0 +1,112 @@
+"""Changelog reads off the service's thread: a moved job's state comes back while the other jobs run.
+
+When a rebalance gives an instance new repartition partitions, their jobs'
+checkpoints are read from ``diag-changelog`` (diagnosis.state). That read
+waits on the broker (seconds for a long changelog on a broker that does not
+compact), and done on the service's thread it stopped every job the instance
+already had. Here one worker thread reads, partition after partition, with
+its own ``ChangelogReader``; the service installs what came back at the top of
+a round (``done()``). Until then the partition's records are not applied: the
+service seeks them back (``DiagnosisService._refetch``) and commits nothing
+there, so nothing is lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from faultlens.diagnosis.online.state import ChangelogReader, Restored
+from faultlens.errors import BusError
+from faultlens.stream.consume import close_quietly
+
+log = logging.getLogger(__name__)
+
+# (partition, what was read or the error that stopped it, monotonic time the read was asked for)
+Outcome = tuple[int, Restored | BusError, float]
+
+
+class BackgroundRestorer:
+    """``submit(p)`` queues a read; ``done()`` hands back what finished; ``cancel(p)``: a revoked partition."""
+
+    def __init__(self, open_reader: Callable[[], ChangelogReader]):
+        self._open_reader = open_reader
+        self._reader: ChangelogReader | None = None
+        self._todo: queue.Queue[tuple[int, float] | None] = queue.Queue()
+        self._done: queue.Queue[Outcome] = queue.Queue()
+        self._lock = threading.Lock()
+        self._wanted: dict[int, float] = {}  # partition -> when asked; a cancelled one is dropped
+        self._thread = threading.Thread(target=self._run, name="faultlens-restore", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> set[int]:
+        with self._lock:
+            return set(self._wanted)
+
+    def submit(self, partition: int) -> None:
+        with self._lock:
+            if partition in self._wanted:
+                return
+            self._wanted[partition] = asked = time.monotonic()
+        self._todo.put((partition, asked))
+
+    def cancel(self, partition: int) -> None:
+        with self._lock:
+            self._wanted.pop(partition, None)
+
+    def done(self) -> list[Outcome]:
+        """Reads finished since the last call, for partitions still wanted (in the order they finished)."""
+        out: list[Outcome] = []
+        while True:
+            try:
+                p, result, asked = self._done.get_nowait()
+            except queue.Empty:
+                return out
+            with self._lock:
+                if self._wanted.get(p) != asked:
+                    continue  # revoked (or asked again) while it was read
+                del self._wanted[p]
+            out.append((p, result, asked))
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until nothing is pending (tests, shutdown); True when so."""
+        deadline = time.monotonic() + timeout_s
+        while self._todo.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._todo.unfinished_tasks
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            try:
+                if item is None:
+                    return
+                p, asked = item
+                with self._lock:
+                    if self._wanted.get(p) != asked:
+                        continue
+                try:
+                    if self._reader is None:
+                        self._reader = self._open_reader()
+                    result: Restored | BusError = self._reader.read(p)
+                except BusError as exc:
+                    # A fresh client next time: this one may be stuck on the old cluster.
+                    close_quietly(self._reader)
+                    self._reader = None
+                    result = exc
+                except Exception as exc:  # noqa: BLE001 - the service decides; the worker keeps going
+                    log.exception("restore of partition %d failed", p)
+                    result = BusError(f"restore of partition {p} failed: {exc!r}")
+                self._done.put((p, result, asked))
+            finally:
+                self._todo.task_done()
+
+    def close(self) -> None:
+        self._todo.put(None)
+        self._thread.join(5.0)
+        close_quietly(self._reader)
+        self._reader = None

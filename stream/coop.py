@@ -1,0 +1,211 @@
+"""A group consumer on confluent-kafka with incremental (cooperative-sticky) rebalancing.
+
+Why: kafka-python (3.0.x) knows only the eager protocol: when an instance joins
+or leaves, every member gives up every partition and waits for the new
+assignment (measured on the embedded broker: the members that stay hold nothing
+for ~3-6 s), so every job of the fleet stops for a membership change that moves
+a few. With ``cooperative-sticky`` (KIP-429, done by the client: any broker
+with the classic group protocol serves it, the embedded Tansu included) a
+member gives up only the partitions that move and keeps reading the rest.
+
+It has ``stream.bus.Consumer``'s interface as ``ConsumeLoop`` and online
+diagnosis use it: ``poll``, ``commit``, ``close``, ``raw.assignment()``,
+``raw.seek()`` and a ``kafka.ConsumerRebalanceListener`` called with the
+partitions revoked or added, on the polling thread, inside ``poll``.
+
+Measured on the embedded broker (benchmarks/scaleout.py --consumer confluent): two
+bare members rebalance incrementally (tests/test_stream_coop.py), but with four
+diagnosis instances joining, Tansu made the first member lose its whole
+assignment (librdkafka's "lost" callback) and the moved jobs waited 10-13 s,
+against 2 s for kafka-python's eager protocol: ``auto`` keeps kafka-python
+there and takes this consumer on a real cluster.
+
+Static membership (``group.instance.id``, KIP-345): ``instance_id`` sets it, so
+a restarted instance gets its partitions back without a rebalance, on a real
+Kafka (2.3+). The embedded broker does not honour it: a static member that
+restarts is given nothing (benchmarks/scaleout.py's docstring has the figures),
+so it stays off unless configured.
+
+Not here: kafka-python ``Consumer``'s detection of a log recreated under it (a
+memory-only broker that restarted); librdkafka resets an out-of-range position
+to the log's start (``auto.offset.reset``), and the service's changelog markers
+decide what was applied already.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from faultlens.config import BusConfig
+from faultlens.errors import BusError, ConfigError
+from faultlens.stream import topics
+from faultlens.stream.bus import Message, client_kwargs, is_embedded
+from faultlens.stream.fetch import confluent_security
+
+log = logging.getLogger(__name__)
+
+
+class _Raw:
+    """The ``raw`` view ConsumeLoop and the service use: assignment() and seek(tp, offset)."""
+
+    def __init__(self, owner: CooperativeConsumer):
+        self._owner = owner
+
+    def assignment(self) -> set[Any]:
+        from kafka import TopicPartition
+
+        return {TopicPartition(tp.topic, tp.partition) for tp in self._owner._consumer.assignment()}
+
+    def pause(self, *tps: Any) -> None:
+        ck = self._owner._ck
+        self._owner._consumer.pause([ck.TopicPartition(tp.topic, tp.partition) for tp in tps])
+
+    def resume(self, *tps: Any) -> None:
+        ck = self._owner._ck
+        self._owner._consumer.resume([ck.TopicPartition(tp.topic, tp.partition) for tp in tps])
+
+    def seek(self, tp: Any, offset: int) -> None:
+        ck = self._owner._ck
+        try:
+            self._owner._consumer.seek(ck.TopicPartition(tp.topic, tp.partition, offset))
+        except ck.KafkaException as exc:
+            raise BusError(f"seek of {tp.topic}[{tp.partition}] to {offset} failed: {exc}") from exc
+
+
+class CooperativeConsumer:
+    """A member of ``group_id`` over ``kinds``' topics, rebalanced incrementally (module docstring)."""
+
+    def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None = None,
+                 from_beginning: bool = True, listener: Any = None, fetch_max_wait_ms: int = 100,
+                 instance_id: str = ""):
+        try:
+            import confluent_kafka as ck
+        except ImportError:
+            raise ConfigError("consumer 'confluent' needs confluent-kafka: pip install confluent-kafka") from None
+        self._ck = ck
+        self.prefix = bus.topic_prefix
+        self.listener = listener
+        self.topics = [topics.topic(k, self.prefix) for k in kinds]
+        kw = client_kwargs(bus, bootstrap)
+        servers = ",".join(kw["bootstrap_servers"])
+        embedded = is_embedded(servers)
+        conf: dict[str, Any] = {
+            "bootstrap.servers": servers,
+            "client.id": bus.client_id,
+            "security.protocol": bus.security_protocol,
+            "group.id": group_id,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "session.timeout.ms": 3000 if embedded else bus.session_timeout_ms,
+            "heartbeat.interval.ms": 1000 if embedded else 3000,
+            "max.poll.interval.ms": max(bus.max_poll_interval_ms, 300_000) if embedded else bus.max_poll_interval_ms,
+            "fetch.wait.max.ms": fetch_max_wait_ms,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 16 << 20,
+            "topic.metadata.refresh.interval.ms": 5000,
+            "log_level": 3,
+        }
+        if instance_id:
+            conf["group.instance.id"] = instance_id
+        conf.update(confluent_security(kw))
+        try:
+            self._consumer = ck.Consumer(conf)
+            self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                     on_lost=self._revoked)
+        except ck.KafkaException as exc:
+            raise BusError(f"cannot start a consumer on {self.topics}: {exc}") from exc
+
+    def _tps(self, parts: list[Any]) -> list[Any]:
+        from kafka import TopicPartition
+
+        return [TopicPartition(p.topic, p.partition) for p in parts]
+
+    def _assigned(self, consumer: Any, parts: list[Any]) -> None:
+        consumer.incremental_assign(parts)
+        if self.listener is not None and parts:
+            self.listener.on_partitions_assigned(self._tps(parts))
+
+    def _revoked(self, consumer: Any, parts: list[Any]) -> None:
+        if self.listener is not None and parts:
+            self.listener.on_partitions_revoked(self._tps(parts))
+        consumer.incremental_unassign(parts)
+
+    @property
+    def raw(self) -> _Raw:
+        return _Raw(self)
+
+    def poll(self, timeout_ms: int = 500, max_records: int = 10_000) -> list[Message]:
+        ck = self._ck
+        try:
+            msgs: list[Any] = self._consumer.consume(num_messages=max_records, timeout=timeout_ms / 1000.0)
+        except ck.KafkaException as exc:
+            raise BusError(f"consuming {self.topics} failed: {exc}") from exc
+        out = []
+        kind_of = topics.kind_of
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != ck.KafkaError._PARTITION_EOF:
+                    log.warning("consumer %s: %s", self.topics, err)
+                    if err.fatal():
+                        raise BusError(f"consuming {self.topics} failed: {err}")
+                continue
+            key = m.key()
+            headers = tuple(m.headers() or ())
+            ctype = next((v.decode("latin-1") for k, v in headers if k == "content-type" and v), None)
+            topic = m.topic()
+            out.append(Message(kind_of(topic, self.prefix), topic, m.partition(), m.offset(),
+                               key.decode("utf-8", "replace") if key else None, m.value(), m.timestamp()[1],
+                               ctype, headers))
+        return out
+
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` ({(topic, partition): next offset}) synchronously."""
+        ck = self._ck
+        try:
+            if offsets is None:
+                self._consumer.commit(asynchronous=False)
+            elif offsets:
+                self._consumer.commit(offsets=[ck.TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                      asynchronous=False)
+        except ck.KafkaException as exc:
+            raise BusError(f"commit failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> CooperativeConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+CONSUMERS = ("kafka", "confluent")
+
+
+def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: str, bootstrap: str | None,
+                   listener: Any, fetch_max_wait_ms: int, instance_id: str = "") -> Any:
+    """A group member over ``kinds``: ``kafka`` (kafka-python, eager rebalances) or ``confluent``
+    (cooperative-sticky, this module); ``instance_id``: static membership (group.instance.id)."""
+    if backend not in ("auto", *CONSUMERS):
+        raise ConfigError(f"diagnosis consumer {backend!r} not in {('auto', *CONSUMERS)}")
+    if backend == "auto":
+        from faultlens.stream.produce import confluent_available
+
+        # Not on the embedded broker: there a member lost its whole assignment when others joined
+        # (benchmarks/scaleout.py --consumer confluent: Xid -> action 10-13 s in the joins, 2 s eager).
+        servers = bootstrap or bus.bootstrap_servers or ""
+        backend = "confluent" if confluent_available() and not is_embedded(servers) else "kafka"
+    if backend == "confluent":
+        return CooperativeConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, listener=listener,
+                                   fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
+    from faultlens.stream.bus import Consumer
+
+    extra = {"group_instance_id": instance_id} if instance_id else {}
+    return Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True, listener=listener,
+                    fetch_max_wait_ms=fetch_max_wait_ms, **extra)
