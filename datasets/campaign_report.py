@@ -8,6 +8,7 @@ HTML (inline SVG, no JavaScript) still carries the chart.
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any
 
@@ -93,37 +94,63 @@ def _series(run: CampaignRun) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {p: run.results[p][0].sliding_ettr() for p in POLICIES}
 
 
-def write_png(run: CampaignRun, path: str | Path, *, width: int = 1400, height: int = 520) -> Path | None:
-    """The sliding one-hour ETTR (first seed) as a PNG; None when Pillow is not installed."""
+def _cumulative(run: CampaignRun, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative ETTR (productive so far / wall-clock so far) every hour, first seed."""
+    segs = run.results[policy][0].segments
+    if not segs:
+        return np.zeros(0), np.zeros(0)
+    t = np.array([segs[0][0]] + [x[1] for x in segs])
+    cum = np.concatenate([[0.0], np.cumsum([(x[1] - x[0]) * x[2] for x in segs])])
+    ends = np.arange(3600.0, t[-1] + 1e-9, 3600.0)
+    return ends, np.interp(ends, t, cum) / ends
+
+
+def write_png(run: CampaignRun, path: str | Path, *, width: int = 1400, panel_h: int = 300,
+              zoom_days: float = 3.0) -> Path | None:
+    """Two panels (first seed): the sliding one-hour ETTR over the first ``zoom_days`` days (BR
+    8.1.3's chart; over 90 days the dips are too dense to read), and the cumulative ETTR over the
+    whole campaign. None when Pillow is not installed."""
     try:
         from PIL import Image, ImageDraw
     except ImportError:
         return None
-    img = Image.new("RGB", (width, height), "white")
+    img = Image.new("RGB", (width, 2 * panel_h + 40), "white")
     draw = ImageDraw.Draw(img)
-    left, right, top, bottom = 60, width - 150, 30, height - 40
-    series = _series(run)
-    t_end = max((float(t[-1]) for t, _ in series.values() if len(t)), default=1.0)
-    lo = 0.0
+    sliding = {p: run.results[p][0].sliding_ettr() for p in POLICIES}
+    cumulative = {p: _cumulative(run, p) for p in POLICIES}
+    lows = [float(v.min()) for _, v in cumulative.values() if len(v)]
+    cum_lo = max(0.0, math.floor((min(lows) if lows else 0.0) * 20) / 20 - 0.05)
+    panels = [(sliding, 0.0, zoom_days * 86400.0, f"sliding one-hour ETTR, days 0-{zoom_days:g} (first seed)"),
+              (cumulative, cum_lo, run.spec.duration_s, "cumulative ETTR over the campaign (first seed)")]
+    left, right = 60, width - 190
+    for n, (series, lo, t_end, title) in enumerate(panels):
+        top, bottom = 30 + n * (panel_h + 20), 30 + n * (panel_h + 20) + panel_h - 40
 
-    def xy(t: float, v: float) -> tuple[float, float]:
-        return (left + (right - left) * t / t_end, bottom - (bottom - top) * (v - lo) / (1.0 - lo))
+        def xy(t: float, v: float, lo: float = lo, t_end: float = t_end, top: int = top,
+               bottom: int = bottom) -> tuple[float, float]:
+            return (left + (right - left) * t / t_end, bottom - (bottom - top) * (v - lo) / (1.0 - lo))
 
-    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
-        y = bottom - (bottom - top) * frac
-        draw.line([(left, y), (right, y)], fill="#dddddd")
-        draw.text((8, y - 6), f"{lo + frac * (1 - lo):.2f}", fill="black")
-    days = int(t_end // 86400)
-    for d in range(0, days + 1, max(1, days // 9)):
-        x = left + (right - left) * d * 86400 / t_end
-        draw.text((x - 8, bottom + 8), f"d{d}", fill="black")
-    for i, p in enumerate(POLICIES):
-        t, v = series[p]
-        if len(t) > 1:
-            draw.line([xy(float(a), float(b)) for a, b in zip(t, v, strict=True)], fill=COLOURS[p], width=1)
-        draw.line([(right + 15, top + 20 * i + 6), (right + 35, top + 20 * i + 6)], fill=COLOURS[p], width=3)
-        draw.text((right + 40, top + 20 * i), f"{p} {run.ettr(p)[0]:.3f}", fill="black")
-    draw.text((left, 8), "sliding one-hour ETTR (first seed); legend: cumulative ETTR (mean over seeds)", fill="black")
+        draw.text((left, top - 18), title, fill="black")
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+            y = bottom - (bottom - top) * frac
+            draw.line([(left, y), (right, y)], fill="#dddddd")
+            draw.text((8, y - 6), f"{lo + frac * (1 - lo):.2f}", fill="black")
+        days = t_end / 86400.0
+        tick = max(1, int(days // 9)) if days >= 9 else 0.5
+        d = 0.0
+        while d <= days + 1e-9:
+            draw.text((left + (right - left) * d / days - 8, bottom + 6), f"d{d:g}", fill="black")
+            d += tick
+        for i, p in enumerate(POLICIES):
+            t, v = series[p]
+            keep = t <= t_end
+            pts = [xy(float(a), float(b)) for a, b in zip(t[keep], v[keep], strict=True)]
+            if len(pts) > 1:
+                draw.line(pts, fill=COLOURS[p], width=2 if p == "faultlens" else 1)
+            if n == 0:
+                draw.line([(right + 15, top + 20 * i + 6), (right + 35, top + 20 * i + 6)], fill=COLOURS[p], width=3)
+                draw.text((right + 40, top + 20 * i), f"{p} {run.ettr(p)[0]:.3f}", fill="black")
+    draw.text((width - 185, panel_h + 10), "legend: ETTR, mean of seeds", fill="black")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     img.save(out)
