@@ -612,7 +612,7 @@ def decide_all(spec: CampaignSpec, mix: Mapping[str, FailureKind], keys: Sequenc
     for kind, bucket in keys:
         render_seed = seed * 1000 + bucket * 37 + sorted(mix).index(kind)
         r = decide(kind, layout, render_seed, bucket, fault_class=mix[kind].fault_class,
-                   nccl_timeout_s=spec.get("nccl_timeout_s"))
+                   nccl_timeout_s=spec.get("nccl_timeout_s"), job_dp=spec.gpus // (layout.tp * layout.pp))
         out[(kind, bucket)] = r.decision
         if keep is not None:
             keep[(kind, bucket)] = r

@@ -37,6 +37,7 @@ from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
 from faultlens.stream.schema import Action, Incident
+from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType
 
 A = ActionType
@@ -89,6 +90,8 @@ class Decision:
     render_s: float
     diagnose_s: float
     path: str = "batch"  # batch | bus
+    slice_adapt_ratio: float | None = None  # the plan's ratio on the slice, before re-planning on the job
+    job_plan: str = ""  # the option the planner chose on the whole job ("" when not re-planned)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -152,6 +155,41 @@ def score(actions: Sequence[Action], incidents: Sequence[Incident], truth: dict[
             "right": right, "adapt_ratio": ratio, "adapt_pause_s": pause, "expected_action": expected}
 
 
+def replan_on_job(action: Action, slice_topology: Any, job_dp: int, config: Config, *,
+                  gpus_per_node: int = 8) -> dict[str, Any] | None:
+    """faultlens's planner on the whole job for a fail-slow decision made on the slice.
+
+    The slice has 2 replicas, so rebalancing micro-batches across DP looks far worse there than on
+    the job's DP; the engine on the real job would plan on its real topology. Same finding, same
+    shape (per replica), the slow ranks mapped to the same coordinates in the job's layout; returns
+    the plan dict (options with ``ratio_to_healthy`` and ``pause_s``) or None when the action
+    carries no finding to re-plan from.
+    """
+    from faultlens.diagnosis.adaptation import shape_from_finding, speeds_from_finding
+    from faultlens.models.planner import AdaptationPlanner
+    from faultlens.stream.schema import Finding
+    from faultlens.stream.topology import Topology
+
+    ev = next((e for e in action.evidence if (e.get("figures") or {}).get("slowdown") is not None
+               or (e.get("figures") or {}).get("speeds")), None)
+    if ev is None:
+        return None
+    finding = Finding(ts=float(ev.get("ts", action.ts)), kind="fail_slow", category="performance",
+                      severity="warning", action="notify", confidence=action.confidence,
+                      source=str(ev.get("source", "steps")), rule="campaign-replan", text=str(ev.get("text", "")),
+                      node=ev.get("node"), rank=ev.get("rank"), figures=dict(ev.get("figures") or {}))
+    try:
+        speeds = speeds_from_finding(finding, slice_topology)
+        shape = shape_from_finding(finding, slice_topology, config.adaptation)
+    except (ValueError, KeyError):
+        return None
+    t = slice_topology
+    full = Topology.packed(tp=t.tp, pp=t.pp, dp=job_dp, cp=t.cp, gpus_per_node=gpus_per_node, order=t.order, job=t.job)
+    speeds_full = {full.rank_of(**t.coords(r)): v for r, v in speeds.items()}
+    plan = AdaptationPlanner(config.adaptation).plan(full, shape, speeds_full)
+    return plan.to_dict()
+
+
 class Rendered(NamedTuple):
     """A decided failure with what it was decided on (for the bus check)."""
 
@@ -162,8 +200,12 @@ class Rendered(NamedTuple):
 
 
 def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_class: str, nccl_timeout_s: float,
-           config: Config | None = None, workdir: Path | None = None) -> Rendered:
-    """Render one failure on the slice and diagnose it in batch."""
+           config: Config | None = None, workdir: Path | None = None, job_dp: int | None = None) -> Rendered:
+    """Render one failure on the slice and diagnose it in batch.
+
+    ``job_dp``: the whole job's DP degree; a fail-slow decision's plan is then re-made on the job's
+    layout (``replan_on_job``) and its ratio and pause replace the slice's.
+    """
     config = config or Config()
     t0 = time.perf_counter()
     sc = Scenario(slice_spec(kind, layout, seed, fault_class, nccl_timeout_s))
@@ -179,6 +221,15 @@ def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_clas
     incidents, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
     t2 = time.perf_counter()
     s = score(actions, incidents, truth)
+    if job_dp and job_dp > layout.dp and s["action"] == A.ADAPT_PARALLELISM:
+        chosen = next(a for a in actions if a.type == A.ADAPT_PARALLELISM)
+        plan = replan_on_job(chosen, Topology.from_job(data.job), job_dp, config, gpus_per_node=layout.gpus_per_node)
+        if plan is not None:
+            best: dict[str, Any] = next((o for o in plan.get("options", []) if o.get("name") == plan.get("chosen")), {})
+            s["slice_adapt_ratio"] = s["adapt_ratio"]
+            s["job_plan"] = str(plan.get("chosen"))
+            s["adapt_ratio"] = float(best.get("ratio_to_healthy", s["adapt_ratio"] or 1.0))
+            s["adapt_pause_s"] = float(best.get("pause_s", 0.0))
     slow = _slow_speed(sc, float(truth["faults"][0]["onset_ts"])) if fault_class == "fail_slow" else 1.0
     decision = Decision(kind=kind, bucket=bucket, seed=seed, slow_speed=slow, records=len(records),
                         render_s=t1 - t0, diagnose_s=t2 - t1, **s)

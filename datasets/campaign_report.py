@@ -66,12 +66,13 @@ def text_tables(run: CampaignRun, costs: dict[str, dict[str, Cost]] | None = Non
               f"none {run.ettr('none')[0]:.4f}", "",
               "faultlens decisions (one rendered + diagnosed sample per kind and seed bucket)",
               f"{'kind':<20} {'#':>2} {'expected':<16} {'decided':<18} {'right':<5} {'detect s':>8} {'decide s':>8} "
-              f"{'named':>5} {'extra':>5} {'speed':>5} {'plan':>5} {'records':>8} {'sec':>5}"]
+              f"{'named':>5} {'extra':>5} {'speed':>5} {'plan':>5} {'records':>8} {'sec':>5}  (plan: the adaptation's "
+              f"throughput / fault-free, re-planned on the whole job; speed: measured without action)"]
     for (kind, bucket), d in sorted(run.decisions.items()):
         lines.append(f"{kind:<20} {bucket:>2} {d.expected_action:<16} {d.action:<18} {'yes' if d.right else 'NO':<5} "
                      f"{'-' if d.detect_s is None else f'{d.detect_s:.0f}':>8} {d.decide_s:>8.0f} {d.named:>5} "
                      f"{d.extra_machines:>5} {d.slow_speed:>5.2f} "
-                     f"{'-' if d.adapt_ratio is None else f'{d.adapt_ratio:.2f}':>5} {d.records:>8,} "
+                     f"{'-' if d.adapt_ratio is None else f'{d.adapt_ratio:.3f}':>5} {d.records:>8,} "
                      f"{d.render_s + d.diagnose_s:>5.1f}")
     if run.bus:
         lines += ["", "bus check: the same records through the embedded broker to the online DiagnosisService"]
