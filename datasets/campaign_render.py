@@ -236,11 +236,11 @@ def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_clas
     return Rendered(decision, records, data.job, truth)
 
 
-def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None = None, settle_s: float = 8.0,
-                  max_s: float = 120.0) -> Decision:
+def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None = None, settle_s: float = 5.0,
+                  max_s: float = 300.0, speed: float = 20.0) -> Decision:
     """The same records through the bus: produce them to the embedded broker, let the online
     DiagnosisService decide, and score its actions like the batch ones (on stream time, so the
-    delays compare). Returns the bus decision (``path="bus"``)."""
+    delays compare). Records are sent at ``speed`` x real time. Returns the bus decision (``path="bus"``)."""
     from dataclasses import replace
 
     from faultlens.config import BusConfig, DiagnosisConfig
@@ -267,12 +267,29 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
             node = rendered.truth["faults"][0]["nodes"][0] if rendered.truth["faults"][0]["nodes"] else None
             while node and service.engine.job_of_node(node) != job.job and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # paced at ``speed`` x real time: the input topics are partitioned apart, so a flood of
+            # minutes of records in a second reaches the engine out of order across kinds (GPU samples
+            # far ahead of steps), which a live job never does
+            # (a silence longer than a minute, e.g. before a late stack dump, is cut to a minute)
+            prev = float(getattr(rendered.records[0], "ts", 0.0)) if rendered.records else 0.0
+            target = time.monotonic()
             for rec in rendered.records:
+                ts = float(getattr(rec, "ts", prev))
+                target += min(max(0.0, ts - prev), 60.0) / speed
+                prev = max(prev, ts)
+                ahead = target - time.monotonic()
+                if ahead > 0.05:
+                    producer.flush(10)
+                    time.sleep(ahead)
                 producer.send(rec)
             producer.flush(30)
-        last_new = time.monotonic()
+        # wait until the service stops applying records and its outputs settle
         deadline = time.monotonic() + max_s
+        last_new = time.monotonic()
+        applied = -1
         while time.monotonic() < deadline and time.monotonic() - last_new < settle_s:
+            if service.applied != applied:
+                applied, last_new = service.applied, time.monotonic()
             for msg in consumer.poll(timeout_ms=200):
                 rec = schema.decode(msg.kind, msg.value)
                 if isinstance(rec, Action):
