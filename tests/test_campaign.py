@@ -153,3 +153,11 @@ def test_smoke_benchmark_runs_the_real_engine(tmp_path):
     assert out["decisions"] == 4 and out["decisions_right"] >= 3
     assert out["ettr"]["restart"] < out["ettr"]["faultlens"] <= out["ettr"]["oracle"] + 0.002
     assert (tmp_path / "ettr.html").read_text().count("<polyline") == 5
+
+
+def test_cli_prints_every_cost_with_its_source(capsys):
+    from faultlens.cli import main
+
+    assert main(["simulate", "campaign", "--costs"]) == 0
+    out = capsys.readouterr().out
+    assert "job.restart_s" in out and "policy.none.hang_detect_s" in out and "BR Table 7" in out
