@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
 from faultlens.collectors.batch import read_batch_dir
@@ -36,7 +37,7 @@ from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
-from faultlens.stream.schema import Action, Incident
+from faultlens.stream.schema import Action, Command, Incident, StackDump
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType
 
@@ -240,7 +241,8 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
                   max_s: float = 300.0, speed: float = 20.0) -> Decision:
     """The same records through the bus: produce them to the embedded broker, let the online
     DiagnosisService decide, and score its actions like the batch ones (on stream time, so the
-    delays compare). Records are sent at ``speed`` x real time. Returns the bus decision (``path="bus"``)."""
+    delays compare). Records are sent at ``speed`` x real time; the rendered stack dumps answer the
+    engine's dump_stacks command, as an agent would. Returns the bus decision (``path="bus"``)."""
     from dataclasses import replace
 
     from faultlens.config import BusConfig, DiagnosisConfig
@@ -256,9 +258,31 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
     ensure_topics(bus, bootstrap)
     t0 = time.perf_counter()
     service = DiagnosisService(cfg, bootstrap=bootstrap, detectors=default_detectors(), from_beginning=True).start()
-    consumer = Consumer(bus, ["actions", "incidents"], group_id=None, bootstrap=bootstrap)
+    consumer = Consumer(bus, ["actions", "incidents", "commands"], group_id=None, bootstrap=bootstrap)
     actions: list[Action] = []
     incidents: dict[str, Incident] = {}
+    # Stack dumps are answers: a live agent dumps py-spy stacks when the engine sends dump_stacks, so
+    # the rendered dumps are held back and sent, stamped with the stream time, when it asks.
+    held = [r for r in rendered.records if isinstance(r, StackDump)]
+    stream = [r for r in rendered.records if not isinstance(r, StackDump)]
+    now_ts = float(getattr(stream[0], "ts", 0.0)) if stream else 0.0
+
+    def drain(producer: Any, timeout_ms: int = 0) -> bool:
+        got = False
+        for msg in consumer.poll(timeout_ms=timeout_ms):
+            got = True
+            rec = schema.decode(msg.kind, msg.value)
+            if isinstance(rec, Action):
+                actions.append(rec)
+            elif isinstance(rec, Incident):
+                incidents[rec.id] = rec
+            elif isinstance(rec, Command) and rec.kind == "dump_stacks" and held:
+                for dump in held:
+                    producer.send(msgspec.structs.replace(dump, ts=now_ts, request_id=rec.id))
+                held.clear()
+                producer.flush(10)
+        return got
+
     try:
         with Producer(bus, bootstrap) as producer:
             producer.send(job)
@@ -270,33 +294,27 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
             # paced at ``speed`` x real time: the input topics are partitioned apart, so a flood of
             # minutes of records in a second reaches the engine out of order across kinds (GPU samples
             # far ahead of steps), which a live job never does
-            # (a silence longer than a minute, e.g. before a late stack dump, is cut to a minute)
-            prev = float(getattr(rendered.records[0], "ts", 0.0)) if rendered.records else 0.0
             target = time.monotonic()
-            for rec in rendered.records:
-                ts = float(getattr(rec, "ts", prev))
-                target += min(max(0.0, ts - prev), 60.0) / speed
-                prev = max(prev, ts)
+            for rec in stream:
+                ts = float(getattr(rec, "ts", now_ts))
+                target += max(0.0, ts - now_ts) / speed
+                now_ts = max(now_ts, ts)
                 ahead = target - time.monotonic()
                 if ahead > 0.05:
                     producer.flush(10)
+                    drain(producer)
                     time.sleep(ahead)
                 producer.send(rec)
             producer.flush(30)
-        # wait until the service stops applying records and its outputs settle
-        deadline = time.monotonic() + max_s
-        last_new = time.monotonic()
-        applied = -1
-        while time.monotonic() < deadline and time.monotonic() - last_new < settle_s:
-            if service.applied != applied:
-                applied, last_new = service.applied, time.monotonic()
-            for msg in consumer.poll(timeout_ms=200):
-                rec = schema.decode(msg.kind, msg.value)
-                if isinstance(rec, Action):
-                    actions.append(rec)
-                elif isinstance(rec, Incident):
-                    incidents[rec.id] = rec
-                last_new = time.monotonic()
+            # wait until the service stops applying records and its outputs settle
+            deadline = time.monotonic() + max_s
+            last_new = time.monotonic()
+            applied = -1
+            while time.monotonic() < deadline and time.monotonic() - last_new < settle_s:
+                if service.applied != applied:
+                    applied, last_new = service.applied, time.monotonic()
+                if drain(producer, 200):
+                    last_new = time.monotonic()
     finally:
         consumer.close()
         service.stop()
