@@ -95,6 +95,7 @@ def collect(lake_path: str | Path, job: str, since: float | None = None, until: 
             "xids": views.xid_histogram(con, nodes=nodes, since=since, until=until),
             "machines": views.failing_machines(con, job=job, since=since, until=until),
             "rma": views.rma_candidates(con, job=job, since=since, until=until),
+            "causes": cause_ledger(con, job, ledger, gaps),
         }
     finally:
         con.close()
@@ -233,6 +234,7 @@ def render_html(data: dict[str, Any]) -> str:
     out.append(svg_bars(ledger["cause"].to_list(), [v / 3600 for v in ledger["lost_s"].to_list()],
                         title="Hours lost per cause", unit=" h"))
     out.append(_table(_ledger_frame(data)))
+    out.append(_causes_html(data))
     xids = data["xids"]
     out.append("<h2 id='xids'>Xid histogram</h2>")
     out.append(svg_bars([f"Xid {x}" for x in xids["xid"].to_list()], [float(v) for v in xids["events"].to_list()],
@@ -245,6 +247,61 @@ def render_html(data: dict[str, Any]) -> str:
     out.append(_table(data["rma"]))
     out.append("</body></html>")
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- cause ledger (issue 25)
+
+CAUSE_ORDER = ("detection", "localisation", "restart", "recurrence", "degraded", "unattributed")
+
+
+def cause_ledger(con: Any, job: str, ledger: pl.DataFrame, gaps: pl.DataFrame) -> dict[str, float]:
+    """The lake's unproductive time split by the causes of ``faultlens simulate campaign``.
+
+    Per progress gap blamed on an incident: detection = from the gap's start to the incident's
+    opening; localisation = from then to the incident's first action; restart = the rest of the
+    gap (recomputed steps are not visible in a lake without step numbers: they stay in "restart"
+    when the steps re-run, else count as productive). A later gap blamed on the same incident is
+    "recurrence"; gaps blamed on nothing are "unattributed"; "slow steps and overhead" outside
+    gaps is "degraded".
+    """
+    out = dict.fromkeys(CAUSE_ORDER, 0.0)
+    acts = views.actions(con, job=job)
+    first_action = {r["incident_id"]: r["ts"] for r in acts.group_by("incident_id").agg(pl.col("ts").min())
+                    .iter_rows(named=True)}
+    opened = {r["id"]: r["opened_ts"] for r in views.incidents(con, job=job).iter_rows(named=True)}
+    seen: set[str] = set()
+    for g in gaps.sort("start_ts").iter_rows(named=True):
+        start, end, inc = float(g["start_ts"]), float(g["end_ts"]), g["incident"]
+        if inc is None:
+            out["unattributed"] += end - start
+            continue
+        if inc in seen:
+            out["recurrence"] += end - start
+            continue
+        seen.add(inc)
+        t_open = min(max(float(opened.get(inc, start)), start), end)
+        t_act = min(max(float(first_action.get(inc, t_open) or t_open), t_open), end)
+        out["detection"] += t_open - start
+        out["localisation"] += t_act - t_open
+        out["restart"] += end - t_act
+    rest = ledger.filter(pl.col("cause") == "slow steps and overhead")["lost_s"]
+    out["degraded"] = float(rest.sum()) if rest.len() else 0.0
+    return out
+
+
+def _causes_html(data: dict[str, Any]) -> str:
+    causes = data.get("causes") or {}
+    rows = "".join(f"<tr><td>{html.escape(c)}</td><td>{html.escape(_dur(v))}</td></tr>" for c, v in causes.items())
+    return ("<h3>Unproductive time by cause</h3><table><tr><th>cause</th><th>time lost</th></tr>" + rows +
+            "</table><p>Same causes as <code>faultlens simulate campaign</code>: detection (gap start to the "
+            "incident), localisation (incident to its first action), restart (the rest of the gap), recurrence "
+            "(later gaps of the same incident), degraded (slow steps outside gaps).</p>")
+
+
+def _causes_md(data: dict[str, Any]) -> str:
+    causes = data.get("causes") or {}
+    return "### Unproductive time by cause\n\n| cause | time lost |\n|---|---|\n" + "".join(
+        f"| {c} | {_dur(v)} |\n" for c, v in causes.items())
 
 
 # --------------------------------------------------------------------------- Markdown
@@ -291,7 +348,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             f"- incident {md_code(inc['id'])}",
             "",
         ]
-    out += ["## Downtime ledger", "", _md_table(_ledger_frame(data)), "## Xid histogram", "", _md_table(data["xids"]),
+    out += ["## Downtime ledger", "", _md_table(_ledger_frame(data)), _causes_md(data), "## Xid histogram", "", _md_table(data["xids"]),
             "## Top failing machines", "", _md_table(data["machines"]), "## RMA candidates", "", _md_table(data["rma"])]
     return "\n".join(out)
 

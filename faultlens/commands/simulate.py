@@ -1,7 +1,9 @@
 """``faultlens simulate``: write simulated training runs with injected faults and ground truth.
 
 Subcommands: ``scenario`` (one batch directory with truth.json), ``suite``
-(many scenarios plus index.json) and ``live`` (stream into Kafka in accelerated
+(many scenarios plus index.json), ``campaign`` (a long job's ETTR under five
+failure-handling policies, faultlens's decisions from the real engine:
+``faultlens.datasets.campaign``) and ``live`` (stream into Kafka in accelerated
 time through the real agent code, one agent per virtual node:
 ``faultlens.datasets.live.LiveCluster``).
 """
@@ -17,6 +19,7 @@ from faultlens.argtypes import non_negative_float, positive_float, positive_int
 HELP = "simulated training cluster with fault injection and ground truth (batch directories, suites)"
 EXAMPLE = ("faultlens simulate scenario --fault gpu_lost --nodes 4 --duration 600 --seed 1 --out runs/gpu_lost\n"
            "  faultlens simulate suite --n 200 --seed 7 --out runs/suite\n"
+           "  faultlens simulate campaign --gpus 9600 --layout 70b-dense --days 90 --out runs/campaign\n"
            "  faultlens simulate live --nodes 16 --speed 20 --workdir demo-run/sim")
 
 
@@ -57,6 +60,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     su.add_argument("--min-nodes", type=positive_int, default=2)
     su.add_argument("--max-nodes", type=positive_int, default=32)
     su.add_argument("--out", required=True)
+
+    ca = sub.add_parser("campaign", help="a long job's ETTR under five failure-handling policies (issue 25)",
+                        description="One long training job meets failures from datasets/failure_mix.toml; the same "
+                                    "draw is handled by none / restart / group_evict / faultlens / oracle with the "
+                                    "costs of datasets/campaign_costs.toml. faultlens's detection delay, action and "
+                                    "evicted machines come from rendering each failure on a slice of the job and "
+                                    "diagnosing it with the real engine (cached per kind and seed bucket).",
+                        epilog="example:\n  faultlens simulate campaign --gpus 9600 --layout 70b-dense --days 90 "
+                               "--seeds 3 --out runs/campaign\n"
+                               "  faultlens simulate campaign --costs        # print every cost and its source",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ca.add_argument("--gpus", type=int, default=9600)
+    ca.add_argument("--gpus-per-node", type=int, default=8)
+    ca.add_argument("--layout", default="70b-dense", help="70b-dense (TP8 PP8) | 405b-dense (TP8 PP16) | 8b-dense")
+    ca.add_argument("--days", type=float, default=90.0)
+    ca.add_argument("--checkpoint-interval", type=float, default=None, help="seconds (default: costs table)")
+    ca.add_argument("--warm-standbys", type=int, default=None)
+    ca.add_argument("--restart", type=float, default=None, help="in-place restart + checkpoint reload, seconds")
+    ca.add_argument("--reschedule", type=float, default=None, help="extra seconds when machines are swapped")
+    ca.add_argument("--nccl-timeout", type=float, default=None, help="seconds")
+    ca.add_argument("--kinds", default=None, help="comma-separated failure kinds to keep from the mix")
+    ca.add_argument("--seeds", type=int, default=3)
+    ca.add_argument("--buckets", type=int, default=1, help="rendered samples per failure kind")
+    ca.add_argument("--bus", type=int, default=0, help="send this many rendered failures through the bus too")
+    ca.add_argument("--costs", action="store_true", help="print the cost table and exit")
+    ca.add_argument("--out", default=None, help="write ettr.png, ettr.html and summary.json here")
 
     lv = sub.add_parser("live", help="stream scenarios into Kafka in accelerated time through the real agent",
                         description="Play the demo's fault sequence (or one fault) on a virtual cluster: one real "
@@ -159,6 +188,46 @@ def _live(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
+def _campaign(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from faultlens.datasets.campaign import CampaignSpec, load_costs, load_mix, run_campaign
+    from faultlens.datasets.campaign_report import (
+        cost_table_text,
+        summary,
+        text_tables,
+        write_html,
+        write_png,
+    )
+    from faultlens.errors import ConfigError
+
+    costs = load_costs()
+    if args.costs:
+        print(cost_table_text(costs))
+        return 0
+    try:
+        mix = load_mix(kinds=args.kinds.split(",") if args.kinds else None)
+        spec = CampaignSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node, layout=args.layout, days=args.days,
+                            checkpoint_interval_s=args.checkpoint_interval, warm_standbys=args.warm_standbys,
+                            restart_s=args.restart, reschedule_s=args.reschedule, nccl_timeout_s=args.nccl_timeout)
+        spec.slice_layout()
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--gpus/--layout/--kinds") from None
+    run = run_campaign(spec, seeds=list(range(args.seeds)), buckets=args.buckets, mix=mix, costs=costs,
+                       bus_samples=args.bus, progress=lambda m: print(f"  {m}", flush=True))
+    print(text_tables(run, costs))
+    out = summary(run)
+    if args.out:
+        d = Path(args.out)
+        png = write_png(run, d / "ettr.png")
+        page = write_html(run, d / "ettr.html", costs)
+        (d / "summary.json").write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {png or '(no PNG: Pillow not installed)'}, {page}, {d / 'summary.json'}")
+    print(json.dumps(out))
+    return 0
+
+
 def run(args: argparse.Namespace, config: Any) -> int:
     if args.sim_command == "live":
         return _live(args, config)
@@ -166,5 +235,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
         return _scenario(args)
     if args.sim_command == "suite":
         return _suite(args)
-    print("faultlens simulate: choose a subcommand: scenario | suite | live (see --help)")
+    if args.sim_command == "campaign":
+        return _campaign(args)
+    print("faultlens simulate: choose a subcommand: scenario | suite | campaign | live (see --help)")
     return 2
