@@ -76,7 +76,7 @@ def test_unusual_samples_go_the_careful_way(change: dict) -> None:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_non_finite_gpu_value_is_nulled_as_before(bad: float) -> None:
-    sample = GpuSample(ts=1.0, node="n1", gpus=[GpuState(index=0, util=bad), GpuState(index=1, util=50.0)])
+    sample = GpuSample(ts=1_700_000_000.0, node="n1", gpus=[GpuState(index=0, util=bad), GpuState(index=1, util=50.0)])
     payload = dec.encode_wire(sample)
     assert dec._columnar_gpu_fast(msgspec.msgpack.decode(payload)) is None
     got = dec.decode("gpu", payload, content_type=dec.MSGPACK_TYPE)
