@@ -393,7 +393,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         record = _columnar_gpu_fast(obj)
         if record is not None:
-            return record
+            return _check(record, kind)  # the same time bounds as every other path (2100, 1970)
         obj = columns_to_obj(obj, kind)
     return from_obj(kind, obj, issues)
 

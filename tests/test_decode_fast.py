@@ -82,3 +82,13 @@ def test_a_non_finite_gpu_value_is_nulled_as_before(bad: float) -> None:
     got = dec.decode("gpu", payload, content_type=dec.MSGPACK_TYPE)
     assert got == _careful(payload)
     assert got.gpus[0].util is None and math.isclose(got.gpus[1].util, 50.0)
+
+
+def test_the_fast_path_applies_the_time_bounds_of_every_path() -> None:
+    """A columnar sample stamped 2100 or 1970 (within the calendar, outside the bounds) is refused by the
+    fast path exactly as by the careful one: the lake and the jobs' clocks never see it."""
+    for ts, reason in ((4102444800.0, "ts_future"), (12.5, "ts_past")):
+        wire = dec.encode_wire(GpuSample(ts=ts, node="bad", gpus=[GpuState(index=0, util=1.0)]))
+        with pytest.raises(SchemaError) as info:
+            dec.decode("gpu", wire)
+        assert info.value.reason == reason
