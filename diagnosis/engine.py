@@ -380,7 +380,7 @@ class DiagnosisEngine:
         if signal.role == NOTE:
             file_note(self.book, self._job(signal.job).notes, signal)
             return None
-        rule = self.jobwide.rule_for(signal.kind) if signal.node and signal.role != "job" else None
+        rule = self.jobwide.rule_for(signal.kind, signal.source) if signal.node and signal.role != "job" else None
         if rule is not None:
             inc = self._file_jobwide(signal, rule)
             if inc is not None:

@@ -329,6 +329,8 @@ class IncidentBook:
         if existing is not None and existing.state.recovered_ts is not None and existing.status == "resolved" \
                 and not existing.actions and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
             existing.status, existing.state.recovered_ts, existing.dirty = "open", None, True  # it flaps again
+            if existing.role in ("cause", "alert"):
+                self.inhibitor.note_cause(Cause(existing.kind, existing.job, existing.node, signal.ts, existing.id))
         if existing is not None and existing.status == "open" and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
             burst, _ = self.bursts.add(signal.job, node_key, signal.kind, signal.ts, signal.rule, alert=signal.role == "alert")
             if burst not in existing.bursts:
@@ -393,6 +395,7 @@ class IncidentBook:
             inc.state.recovered_ts = signal.ts
             inc.state.severity = "warning"
             inc.status, inc.dirty = "resolved", True
+            self.inhibitor.withdraw(inc.id)  # a tolerated flap explains no later hang or error
             inc.summary = (f"network alert not repeated: tolerated (link back up {signal.ts - inc.updated_ts:.0f} s "
                            "later)")
 
@@ -459,6 +462,7 @@ class IncidentBook:
                 continue  # a refused remedy stays open with its reason: a person decides
             if not inc.actions and inc.kind == "ib_link":
                 inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"
+                self.inhibitor.withdraw(inc.id)
             inc.status = "mitigated" if inc.actions else "resolved"
             inc.dirty = True
             closed.append(inc)

@@ -78,6 +78,11 @@ class Inhibitor:
     def note_cause(self, cause: Cause) -> None:
         self._causes.append(cause)
 
+    def withdraw(self, incident_id: str) -> None:
+        """The incident no longer explains anything (a network alert that recovered and was tolerated):
+        its cause stops muting, so a later hang or error is judged on its own evidence."""
+        self._causes = [c for c in self._causes if c.incident_id != incident_id]
+
     def muted_by(self, kind: str, role: str, job: str, node: str | None, ts: float,
                  *, exclude_incident: str | None = None) -> tuple[str, Cause] | None:
         """(rule name, cause) that mutes this signal, or None."""

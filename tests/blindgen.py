@@ -140,6 +140,7 @@ class Scenario:
     nodes: list[str]
     gpn: int
     truth: Truth = field(default_factory=Truth)
+    force: dict[str, Any] = field(default_factory=dict)  # pin a random choice: hard, kfmt, distract, n_steps
 
 
 class _Writer:
@@ -152,6 +153,7 @@ class _Writer:
         self.t0 = 1_795_000_000.0 + sc.seed * 3600.0 + rng.uniform(0, 600)
         self.kfmt = rng.choice(("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "dmesg_T", "dmesg_raw"))
         self.hard = rng.random() < 0.6  # distractors on healthy nodes, harder fault variants
+        self.kfmt, self.hard = sc.force.get("kfmt", self.kfmt), sc.force.get("hard", self.hard)
         self.buses = rng.choice(BUSES[sc.gpn])
         self.nic = rng.choice(("5c", "d2", "41", "53"))
         self.sample_s = rng.choice((5.0, 10.0))
@@ -161,7 +163,7 @@ class _Writer:
         self.uptime0 = {n: rng.uniform(2_000, 900_000) for n in sc.nodes}
         self.pid = {r: 40_000 + rng.randint(0, 9_000) + r for r in range(self.n_ranks)}
         # the run: steps, a stop step (crash / hang), slow ranks, NaN
-        self.n_steps = rng.randint(320, 420)
+        self.n_steps = int(sc.force.get("n_steps", rng.randint(320, 420)))
         self.stop_step: int | None = None
         self.slow: dict[int, float] = {}
         self.slow_from = 0
@@ -601,6 +603,7 @@ def _distract(w: _Writer, node: str, t: float) -> None:
     """Benign look-alikes on a healthy node: each real, each nothing to act on."""
     rng, g = w.rng, w.rng.randrange(w.sc.gpn)
     pick = rng.choice(("flap", "aer_ce", "xid63", "peermem", "cpu_thermal", "edac_ce", "nfs_blip", "sbe"))
+    pick = w.sc.force.get("distract", pick)
     port = rng.randint(0, 3)
     lines = {
         "flap": [f"mlx5_core 0000:{w.nic}:00.{port} mlx5_{port}: Port: 1 Link DOWN", f"mlx5_core 0000:{w.nic}:00.{port} mlx5_{port}: Port: 1 Link ACTIVE"],
