@@ -151,7 +151,8 @@ class _Writer:
         self.rng = random.Random(sc.seed * 7919 + 13)
         rng = self.rng
         self.t0 = 1_795_000_000.0 + sc.seed * 3600.0 + rng.uniform(0, 600)
-        self.kfmt = rng.choice(("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "dmesg_T", "dmesg_raw"))
+        self.kfmt = rng.choice(("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "dmesg_T", "dmesg_raw",
+                                "dmesg_iso_x", "short_precise"))
         self.hard = rng.random() < 0.6  # distractors on healthy nodes, harder fault variants
         self.kfmt, self.hard = sc.force.get("kfmt", self.kfmt), sc.force.get("hard", self.hard)
         self.buses = rng.choice(BUSES[sc.gpn])
@@ -198,6 +199,10 @@ class _Writer:
         if self.kfmt == "rfc3339":  # rsyslog's high-precision default
             frac = f"{ts % 1:.6f}"[1:]
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', t)}{frac}+00:00 {host} {prog}: {msg}"
+        if self.kfmt == "dmesg_iso_x":  # dmesg -x --time-format iso: facility and level decoded
+            return f"kern  :warn  : {time.strftime('%Y-%m-%dT%H:%M:%S', t)},{int(ts % 1 * 1e6):06d}+00:00 {msg}"
+        if self.kfmt == "short_precise":  # journalctl -o short-precise
+            return f"{time.strftime('%b', t)} {t.tm_mday:02d} {time.strftime('%H:%M:%S', t)}.{int(ts % 1 * 1e6):06d} {host} {prog}: {msg}"
         if self.kfmt == "dmesg_T":
             return f"[{time.strftime('%a %b', t)} {t.tm_mday:2d} {time.strftime('%H:%M:%S %Y', t)}] {msg}"
         return f"[{up:12.6f}] {msg}"
@@ -359,7 +364,7 @@ class _Writer:
                 t += rng.uniform(20, 140)
                 if rng.random() < 0.7:
                     ev.append((t, rng.choice(NOISE_RUN)))
-                elif self.kfmt in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339"):
+                elif self.kfmt in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "short_precise"):
                     prog, msg = rng.choice(NOISE_PROGRAMS)
                     ev.append((t, "\0" + prog + "\0" + msg))
             ev.sort(key=lambda x: x[0])
@@ -547,6 +552,12 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
         sc.truth = T(culprits=one, any_of=(("evict_nodes", one), ("run_diagnostics", one)), text=f"evict {node} (stuck rank {rank})")
     elif kind == "user_exception":
         w.stop_step = fault_step
+        if w.hard and rng.random() < 0.4:  # one rank runs out of GPU memory on a long batch; the rest time out
+            w.traceback([rank], [f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.22 GiB. GPU {g} has a total capacity of 79.10 GiB of which 3.71 GiB is free. Including non-PyTorch memory, this process has 75.38 GiB memory in use. Of the allocated memory 71.02 GiB is allocated by PyTorch, and 2.91 GiB is reserved by PyTorch but unallocated."])
+            w.watchdogs(ft + 600, others, 6000 + fault_step)
+            sc.truth = T(job_level=True, any_of=(("rollback_code", None), ("restart_job", None)), forbid=("evict_nodes",),
+                         text="rollback / restart (CUDA OOM)")
+            return
         exc = rng.choice((["KeyError: 'attention_mask'"],
                           ["RuntimeError: The size of tensor a (4096) must match the size of tensor b (8192) at non-singleton dimension 1"],
                           ["ValueError: Expected input batch_size (16) to match target batch_size (32)."]))
@@ -566,6 +577,13 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
     elif kind == "oom_killer":
         w.stop_step = fault_step
         vic = w.pid[rank]
+        if w.hard:  # the container's memory cgroup, not the host, ran out (real-logs host-002 / host-039 shapes)
+            w.kernel[node].append((ft - 0.1, f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=cri-containerd-3fc28fa1c647ceede9f6b340d0b,mems_allowed=0-1,oom_memcg=/kubepods/burstable/pod1d5c6a05,task_memcg=/kubepods/burstable/pod1d5c6a05/3fc28fa1c647,task=python3,pid={vic},uid=0"))
+            w.kernel[node].append((ft, f"Memory cgroup out of memory: Killed process {vic} (python3) total-vm:155518724kB, anon-rss:123902876kB, file-rss:154436kB, shmem-rss:0kB, UID:0 pgtables:251344kB oom_score_adj:-997"))
+            w.watchdogs(ft + 600, others, 2000 + fault_step)
+            sc.truth = T(job_level=True, culprits=(), any_of=(("restart_job", None), ("rollback_code", None)),
+                         forbid=("evict_nodes",), text="restart, no eviction")
+            return
         w.kernel[node].append((ft - 0.2, "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0"))
         w.kernel[node].append((ft - 0.1, f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,global_oom,task_memcg=/user.slice/user-1000.slice/session-4211.scope,task=python3,pid={vic},uid=1000"))
         w.kernel[node].append((ft, f"Out of memory: Killed process {vic} (python3) total-vm:155518724kB, anon-rss:123902876kB, file-rss:154436kB, shmem-rss:0kB, UID:1000 pgtables:251344kB oom_score_adj:0"))
