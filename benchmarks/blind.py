@@ -21,6 +21,7 @@ Figures, per kind and overall:
     python benchmarks/blind.py --quick      # 36 scenarios, under 2 minutes
     python benchmarks/blind.py              # 90 scenarios
     python benchmarks/blind.py --only hang,xid79 --keep /tmp/blind
+    python benchmarks/blind.py --hard --seed 201   # every scenario with a distractor, harder variants
 """
 
 from __future__ import annotations
@@ -108,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="first scenario seed")
     ap.add_argument("--only", default="", help="comma-separated kinds")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--hard", action="store_true", help="every scenario with a distractor and its harder variant")
     ap.add_argument("--keep", default="", help="write directories and outputs here and keep them")
     args = ap.parse_args(argv)
     count = 4 if args.smoke else 36 if args.quick else args.count
     wanted = {x for x in args.only.split(",") if x}
-    specs = scenarios(count if not wanted else count * len(KINDS), args.seed)
+    specs = scenarios(count if not wanted else count * len(KINDS), args.seed, {"hard": True} if args.hard else None)
     if wanted:
         specs = [s for s in specs if s.kind in wanted][:count]
     t_all = time.perf_counter()

@@ -380,7 +380,10 @@ class DiagnosisEngine:
         if signal.role == NOTE:
             file_note(self.book, self._job(signal.job).notes, signal)
             return None
-        rule = self.jobwide.rule_for(signal.kind, signal.source) if signal.node and signal.role != "job" else None
+        # A job-level line with a node (an NFS server not responding, seen from one host) counts towards its
+        # job-wide rule too: hung tasks on a few hosts plus such lines on most is one shared stall.
+        rule = self.jobwide.rule_for(signal.kind, signal.source) \
+            if signal.node and not signal.rule.startswith("jobwide:") else None
         if rule is not None:
             inc = self._file_jobwide(signal, rule)
             if inc is not None:

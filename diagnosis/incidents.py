@@ -395,7 +395,7 @@ class IncidentBook:
             inc.state.recovered_ts = signal.ts
             inc.state.severity = "warning"
             inc.status, inc.dirty = "resolved", True
-            self.inhibitor.withdraw(inc.id)  # a tolerated flap explains no later hang or error
+            self.inhibitor.recovered(inc.id)  # a tolerated flap explains no later hang or error
             inc.summary = (f"network alert not repeated: tolerated (link back up {signal.ts - inc.updated_ts:.0f} s "
                            "later)")
 
@@ -462,7 +462,7 @@ class IncidentBook:
                 continue  # a refused remedy stays open with its reason: a person decides
             if not inc.actions and inc.kind == "ib_link":
                 inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"
-                self.inhibitor.withdraw(inc.id)
+                self.inhibitor.recovered(inc.id)
             inc.status = "mitigated" if inc.actions else "resolved"
             inc.dirty = True
             closed.append(inc)

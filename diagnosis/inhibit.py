@@ -14,7 +14,7 @@ node is one stronger incident, not one weak incident and one muted finding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ class InhibitRule:
     lead_s: float = 60.0
     target_roles: tuple[str, ...] = ()
     effect: str = "mute"  # mute | corroborate
+
+
+def load_recovered_spares(path: Path | None = None) -> frozenset[str]:
+    """``[recovered] spares``: the target kinds a cause that recovered (a tolerated flap) no longer mutes."""
+    path = path or CATALOGS / "inhibit.toml"
+    spares = load_toml(path).get("recovered", {}).get("spares", [])
+    if not isinstance(spares, list) or not all(isinstance(k, str) for k in spares):
+        raise CatalogError("[recovered] spares must be a list of kinds", file=str(path), entry="recovered")
+    return frozenset(spares)
 
 
 def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
@@ -61,13 +70,15 @@ class Cause:
     node: str | None
     ts: float
     incident_id: str
+    spares: frozenset[str] = frozenset()  # target kinds this cause no longer mutes (it recovered)
 
 
 class Inhibitor:
     """Remembers causes and answers whether a signal is muted, and by which rule."""
 
-    def __init__(self, rules: list[InhibitRule] | None = None):
+    def __init__(self, rules: list[InhibitRule] | None = None, recovered_spares: frozenset[str] | None = None):
         self.rules = rules if rules is not None else load_inhibit_rules()
+        self.recovered_spares = recovered_spares if recovered_spares is not None else load_recovered_spares()
         self._effect = {r.name: r.effect for r in self.rules}
         self._causes: list[Cause] = []
 
@@ -78,10 +89,12 @@ class Inhibitor:
     def note_cause(self, cause: Cause) -> None:
         self._causes.append(cause)
 
-    def withdraw(self, incident_id: str) -> None:
-        """The incident no longer explains anything (a network alert that recovered and was tolerated):
-        its cause stops muting, so a later hang or error is judged on its own evidence."""
-        self._causes = [c for c in self._causes if c.incident_id != incident_id]
+    def recovered(self, incident_id: str) -> None:
+        """The incident's fault went away (a network alert that recovered, tolerated): it still explains the
+        transient symptoms of its window, not a lasting one (``[recovered] spares``: a hang after the link
+        is back is judged on its own evidence)."""
+        self._causes = [replace(c, spares=self.recovered_spares) if c.incident_id == incident_id else c
+                        for c in self._causes]
 
     def muted_by(self, kind: str, role: str, job: str, node: str | None, ts: float,
                  *, exclude_incident: str | None = None) -> tuple[str, Cause] | None:
@@ -93,6 +106,8 @@ class Inhibitor:
                 if cause.incident_id == exclude_incident or cause.kind not in rule.source_kinds or cause.job != job:
                     continue
                 if rule.scope == "node" and (node is None or cause.node != node):
+                    continue
+                if kind in cause.spares:
                     continue
                 if cause.kind == kind and cause.node == node:
                     continue  # a cause never mutes its own kind on its own node

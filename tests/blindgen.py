@@ -193,6 +193,9 @@ class _Writer:
             return f"{time.strftime('%b', t)} {t.tm_mday:2d} {time.strftime('%H:%M:%S', t)} {host} {prog}: {stamp}{msg}"
         if self.kfmt == "journal_iso":
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', t)}+0000 {host} {prog}: {msg}"
+        if self.kfmt == "syslog_local":  # rsyslog's traditional format on a host whose clock is UTC+8: local time, no zone
+            lt = time.gmtime(ts + 8 * 3600)
+            return f"{time.strftime('%b', lt)} {lt.tm_mday:2d} {time.strftime('%H:%M:%S', lt)} {host} {prog}: {msg}"
         if self.kfmt == "journal_iso_tz":  # a cluster in UTC+8: the wall clock in local time with its offset
             lt = time.gmtime(ts + 8 * 3600)
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', lt)}+0800 {host} {prog}: {msg}"
@@ -364,7 +367,7 @@ class _Writer:
                 t += rng.uniform(20, 140)
                 if rng.random() < 0.7:
                     ev.append((t, rng.choice(NOISE_RUN)))
-                elif self.kfmt in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "short_precise"):
+                elif self.kfmt in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "short_precise", "syslog_local"):
                     prog, msg = rng.choice(NOISE_PROGRAMS)
                     ev.append((t, "\0" + prog + "\0" + msg))
             ev.sort(key=lambda x: x[0])
@@ -654,8 +657,9 @@ def node_names(rng: random.Random, n: int) -> list[str]:
     return [f"node{base + i:04d}.cluster.internal" for i in range(n)]
 
 
-def scenarios(count: int, seed0: int = 1) -> list[Scenario]:
-    """``count`` scenarios cycling over every kind, sizes 2-16 nodes, 4 or 8 GPUs per node."""
+def scenarios(count: int, seed0: int = 1, force: dict[str, Any] | None = None) -> list[Scenario]:
+    """``count`` scenarios cycling over every kind, sizes 2-16 nodes, 4 or 8 GPUs per node (``force``
+    pins choices in all of them, e.g. ``{"hard": True}``)."""
     out = []
     for i in range(count):
         seed = seed0 + i
@@ -663,7 +667,8 @@ def scenarios(count: int, seed0: int = 1) -> list[Scenario]:
         kind = KINDS[i % len(KINDS)]
         n = rng.choice((2, 3, 4, 4, 6, 8, 8, 12, 16))
         gpn = rng.choice((4, 8, 8))
-        out.append(Scenario(name=f"{kind}-s{seed}", kind=kind, seed=seed, nodes=node_names(rng, n), gpn=gpn))
+        out.append(Scenario(name=f"{kind}-s{seed}", kind=kind, seed=seed, nodes=node_names(rng, n), gpn=gpn,
+                            force=dict(force or {})))
     return out
 
 

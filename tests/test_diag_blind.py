@@ -103,3 +103,17 @@ def test_link_downs_on_most_hosts_are_still_one_fabric_storm(tmp_path: Path) -> 
     incidents, actions = _diagnose(_minimal_dir(tmp_path / "d", {n: culprit for n in NODES}, {}))
     assert [i for i in incidents if i.kind == "fabric_storm"]
     assert not [a for a in actions if a["type"] == "evict_nodes"]
+
+
+def test_nfs_lines_on_most_hosts_explain_hung_tasks_on_a_few(tmp_path: Path) -> None:
+    # NFS "not responding" on every host, hung tasks on only some: one shared stall (notify), no per-node checks
+    nodes = [f"10-0-0-{i}" for i in range(67, 73)]
+    sc = Scenario("storage", "storage_stall", 217, nodes, 4, force={"hard": True, "distract": "nfs_blip", "kfmt": "short_precise"})
+    d = write(sc, tmp_path / "storage")
+    hung = [n for n in nodes if "blocked for more than" in (d / "nodes" / n / "kernel.log").read_text()]
+    assert 0 < len(hung) < len(nodes) / 2  # too few for the hung tasks alone to make it job-wide
+    incidents, actions = _diagnose(d)
+    ok, why = sc.truth.judge(actions)
+    assert ok, why
+    assert [i for i in incidents if i.kind == "storage" and f"on {len(nodes)}/{len(nodes)} nodes" in (i.summary or "")]
+    assert not [i for i in incidents if i.kind == "hung_task"]
