@@ -9,11 +9,14 @@ goes through `faultlens diagnose DIR --out OUT` as a process; the scorer reads o
 
 Figures, per kind and overall:
 - f1: incident F1 over scenarios. A raised incident is one with severity warning or
-  critical that is not resolved; it names the top-scored suspects. A machine fault is a
-  true positive when a raised incident names a culprit; a raised incident naming another
-  machine is a false positive. A job-level fault (user code, NaN, OOM, storage) is found
-  when any incident is raised. A healthy run or a recovered flap with a raised critical
-  incident is a false positive.
+  critical that is not resolved; a claim is a critical incident or one acted on beyond
+  notify; both name their top-scored suspects. A machine fault is a true positive when a
+  raised incident or claim names a culprit; a claim naming another machine is a false
+  positive. A job-level fault (user code, NaN, OOM, storage) is found when any incident is
+  raised. A healthy run or a recovered flap with any claim is a false positive.
+- warned_healthy_nodes: non-culprit nodes named by raised warnings (notify for a person) in
+  machine-fault and healthy runs:
+  not counted against F1, reported so that noise stays visible.
 - action_accuracy: share of scenarios whose actions the truth accepts (Truth.judge).
 - false_evictions: nodes in evict_nodes actions that are not culprits.
 
@@ -60,23 +63,28 @@ def _named(inc: dict[str, Any]) -> set[str]:
 def score_one(sc: Scenario, out: Path) -> dict[str, Any]:
     """Confusion counts, action verdict and false evictions of one scenario's outputs."""
     incidents, actions = _read(out / "incidents.jsonl"), _read(out / "actions.jsonl")
+    acted = {a.get("incident_id") for a in actions if a.get("type") != "notify"}
     raised = [i for i in incidents if i.get("severity") in ("warning", "critical") and i.get("status") != "resolved"]
+    # a claim: a critical incident, or one acted on beyond notify (a warning for a person is not a claim)
+    claims = [i for i in incidents if i.get("severity") == "critical" or i.get("id") in acted]
     t = sc.truth
     tp = fp = fn = 0
     if sc.kind in NEGATIVE:
-        fp = int(any(i.get("severity") == "critical" for i in raised))
+        fp = int(bool(claims))
     elif t.job_level:
-        tp = int(bool(raised))
+        tp = int(bool(raised or claims))
         fn = 1 - tp
     else:
-        named = set().union(*(_named(i) for i in raised)) if raised else set()
+        named = set().union(*(_named(i) for i in raised + claims)) if raised or claims else set()
         tp = int(bool(named & set(t.culprits)))
         fn = 1 - tp
-        fp = int(bool(named - set(t.culprits)))
+        claimed = set().union(*(_named(i) for i in claims)) if claims else set()
+        fp = int(bool(claimed - set(t.culprits)))
+    warned = set() if t.job_level else {n for i in raised for n in _named(i)} - set(t.culprits)
     ok, why = t.judge(actions)
     evicted = {n for a in actions if a.get("type") == "evict_nodes" for n in a.get("nodes") or ()}
     return {"name": sc.name, "kind": sc.kind, "tp": tp, "fp": fp, "fn": fn, "action_ok": ok, "why": why,
-            "false_evictions": len(evicted - set(t.culprits)), "want": t.text,
+            "false_evictions": len(evicted - set(t.culprits)), "warned_healthy": len(warned), "want": t.text,
             "incidents": [(i.get("kind"), i.get("severity"), i.get("status"), sorted(_named(i))) for i in incidents]}
 
 
@@ -98,7 +106,8 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     tp, fp, fn = (sum(r[k] for r in rows) for k in ("tp", "fp", "fn"))
     f1 = 2 * tp / (2 * tp + fp + fn) if (2 * tp + fp + fn) else 1.0
     return {"n": len(rows), "f1": round(f1, 4), "action_accuracy": round(sum(r["action_ok"] for r in rows) / max(len(rows), 1), 4),
-            "false_evictions": sum(r["false_evictions"] for r in rows)}
+            "false_evictions": sum(r["false_evictions"] for r in rows),
+            "warned_healthy_nodes": sum(r.get("warned_healthy", 0) for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 KINDS = (
     "healthy", "xid79", "xid48_watchdog", "xid94", "xid95", "xid64_remap", "xid_user", "xid74_nvlink",
     "ib_flap", "ib_down", "thermal", "slow_gpu", "hang", "user_exception", "nan_loss", "oom_killer",
-    "storage_stall", "pcie_aer_fatal",
+    "storage_stall", "pcie_aer_fatal", "sxid_fatal",
 )
 
 # PCI buses as nvidia-smi prints them on real boards (DGX A100, HGX H100, 4-GPU servers).
@@ -165,6 +165,9 @@ class _Writer:
         self.pid = {r: 40_000 + rng.randint(0, 9_000) + r for r in range(self.n_ranks)}
         # the run: steps, a stop step (crash / hang), slow ranks, NaN
         self.n_steps = int(sc.force.get("n_steps", rng.randint(320, 420)))
+        fmts = ("syslog", "journal_iso", "rfc3339", "dmesg_T", "short_precise")
+        self.node_fmt = {n: rng.choice(fmts) for n in sc.nodes} if self.hard and "kfmt" not in sc.force and rng.random() < 0.3 else {}
+        self.skew = {rng.choice(sc.nodes): rng.choice((-1, 1)) * rng.uniform(20, 90)} if self.hard and rng.random() < 0.3 else {}
         self.stop_step: int | None = None
         self.slow: dict[int, float] = {}
         self.slow_from = 0
@@ -184,29 +187,31 @@ class _Writer:
 
     def kline(self, node: str, ts: float, msg: str, prog: str = "kernel") -> str:
         up = ts - self.t0 + self.uptime0[node]
+        ts += self.skew.get(node, 0.0)
+        kfmt = self.node_fmt.get(node, self.kfmt)
         t = time.gmtime(ts)
         host = node
-        if self.kfmt == "syslog":
+        if kfmt == "syslog":
             return f"{time.strftime('%b', t)} {t.tm_mday:2d} {time.strftime('%H:%M:%S', t)} {host} {prog}: {msg}"
-        if self.kfmt == "syslog_uptime":
+        if kfmt == "syslog_uptime":
             stamp = f"[{up:12.6f}] " if prog == "kernel" else ""
             return f"{time.strftime('%b', t)} {t.tm_mday:2d} {time.strftime('%H:%M:%S', t)} {host} {prog}: {stamp}{msg}"
-        if self.kfmt == "journal_iso":
+        if kfmt == "journal_iso":
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', t)}+0000 {host} {prog}: {msg}"
-        if self.kfmt == "syslog_local":  # rsyslog's traditional format on a host whose clock is UTC+8: local time, no zone
+        if kfmt == "syslog_local":  # rsyslog's traditional format on a host whose clock is UTC+8: local time, no zone
             lt = time.gmtime(ts + 8 * 3600)
             return f"{time.strftime('%b', lt)} {lt.tm_mday:2d} {time.strftime('%H:%M:%S', lt)} {host} {prog}: {msg}"
-        if self.kfmt == "journal_iso_tz":  # a cluster in UTC+8: the wall clock in local time with its offset
+        if kfmt == "journal_iso_tz":  # a cluster in UTC+8: the wall clock in local time with its offset
             lt = time.gmtime(ts + 8 * 3600)
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', lt)}+0800 {host} {prog}: {msg}"
-        if self.kfmt == "rfc3339":  # rsyslog's high-precision default
+        if kfmt == "rfc3339":  # rsyslog's high-precision default
             frac = f"{ts % 1:.6f}"[1:]
             return f"{time.strftime('%Y-%m-%dT%H:%M:%S', t)}{frac}+00:00 {host} {prog}: {msg}"
-        if self.kfmt == "dmesg_iso_x":  # dmesg -x --time-format iso: facility and level decoded
+        if kfmt == "dmesg_iso_x":  # dmesg -x --time-format iso: facility and level decoded
             return f"kern  :warn  : {time.strftime('%Y-%m-%dT%H:%M:%S', t)},{int(ts % 1 * 1e6):06d}+00:00 {msg}"
-        if self.kfmt == "short_precise":  # journalctl -o short-precise
+        if kfmt == "short_precise":  # journalctl -o short-precise
             return f"{time.strftime('%b', t)} {t.tm_mday:02d} {time.strftime('%H:%M:%S', t)}.{int(ts % 1 * 1e6):06d} {host} {prog}: {msg}"
-        if self.kfmt == "dmesg_T":
+        if kfmt == "dmesg_T":
             return f"[{time.strftime('%a %b', t)} {t.tm_mday:2d} {time.strftime('%H:%M:%S %Y', t)}] {msg}"
         return f"[{up:12.6f}] {msg}"
 
@@ -359,7 +364,7 @@ class _Writer:
             ev = list(self.kernel[node])
             boot_ts = self.t0 - self.uptime0[node]
             # a few boot lines near the boot (only logs that keep that far back: dmesg); the rest at job start
-            start = boot_ts + 2.0 if self.kfmt.startswith("dmesg") else self.t0 - 300
+            start = boot_ts + 2.0 if self.node_fmt.get(node, self.kfmt).startswith("dmesg") else self.t0 - 300
             for i, ln in enumerate(rng.sample(NOISE_BOOT, 9)):
                 ev.append((start + i * 0.37, ln.format(nic=self.nic, bus=self.bus(rng.randrange(sc.gpn)))))
             t = self.t0
@@ -367,7 +372,8 @@ class _Writer:
                 t += rng.uniform(20, 140)
                 if rng.random() < 0.7:
                     ev.append((t, rng.choice(NOISE_RUN)))
-                elif self.kfmt in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339", "short_precise", "syslog_local"):
+                elif self.node_fmt.get(node, self.kfmt) in ("syslog", "syslog_uptime", "journal_iso", "journal_iso_tz", "rfc3339",
+                                                            "short_precise", "syslog_local"):
                     prog, msg = rng.choice(NOISE_PROGRAMS)
                     ev.append((t, "\0" + prog + "\0" + msg))
             ev.sort(key=lambda x: x[0])
@@ -614,6 +620,14 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
         w.gpu_mod(lambda n, i, ts, st: st.update(_gone=True) if n == node and i == g and ts > ft + 1 else None)
         w.watchdogs(ft + 600, others, 4000 + fault_step)
         sc.truth = T(culprits=one, any_of=(("evict_nodes", one),), text=f"evict {node}")
+    elif kind == "sxid_fatal":
+        w.stop_step = fault_step
+        sw = rng.randint(0, 3)
+        w.kernel[node].append((ft, f"nvidia-nvswitch{sw}: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link {rng.randint(0, 63)} LTSSM Fault Up"))
+        w.kernel[node].append((ft + 0.001, f"nvidia-nvswitch{sw}: SXid (PCI:0000:c3:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00"))
+        w.kernel[node].append((ft + 0.002, f"nvidia-nvswitch{sw}: SXid (PCI:0000:c3:00.0): 20034, Data {{0x10000000, 0x10000000, 0x00000000, 0x10000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}}"))
+        w.watchdogs(ft + 600, others, 8000 + fault_step)
+        sc.truth = T(culprits=one, any_of=evict_or_diag, text=f"evict {node} (NVSwitch fatal)")
     else:
         raise ValueError(f"unknown kind {kind}")
     if w.hard and len(nodes) > 1:
@@ -623,7 +637,7 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
 def _distract(w: _Writer, node: str, t: float) -> None:
     """Benign look-alikes on a healthy node: each real, each nothing to act on."""
     rng, g = w.rng, w.rng.randrange(w.sc.gpn)
-    pick = rng.choice(("flap", "aer_ce", "xid63", "peermem", "cpu_thermal", "edac_ce", "nfs_blip", "sbe"))
+    pick = rng.choice(("flap", "aer_ce", "xid63", "peermem", "cpu_thermal", "edac_ce", "nfs_blip", "sbe", "sxid_nonfatal"))
     pick = w.sc.force.get("distract", pick)
     port = rng.randint(0, 3)
     lines = {
@@ -637,6 +651,7 @@ def _distract(w: _Writer, node: str, t: float) -> None:
         "edac_ce": ["EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#2_DIMM#0 (channel:2 slot:0 page:0x849923 offset:0x380 grain:32 syndrome:0x0 - area:DRAM err_code:0001:0092 socket:0 ha:0 channel_mask:4 rank:1)"],
         "nfs_blip": ["nfs: server 10.0.0.5 not responding, still trying", "nfs: server 10.0.0.5 OK"],
         "sbe": [],
+        "sxid_nonfatal": ["nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 04 RX Short Error Rate"],
     }[pick]
     for i, ln in enumerate(lines):
         w.kernel[node].append((t + i * rng.uniform(0.5, 4), ln))
