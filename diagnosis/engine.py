@@ -548,6 +548,8 @@ class DiagnosisEngine:
         for other in self.book.incidents.values():
             if other is inc or other.job != job.name or other.node not in nodes or other.kind not in kinds:
                 continue
+            if other.state.severity not in (None, "critical"):
+                continue  # a warning (a non-fatal NVSwitch error, a corrected-error burst) breaks no collective
             if abs(other.opened_ts - inc.opened_ts) <= window_s:
                 out.setdefault(str(other.node), f"{other.kind} on {other.node} ({other.summary or other.id})"[:200])
         return out
@@ -663,6 +665,7 @@ class DiagnosisEngine:
         self._outputs.append(action)
         if d.type != "notify":
             self.book.promote_cause(inc)
+            self.book.confirm_cause(inc)
         if d.type == "restart_job":
             self.book.note_action_cause(inc, "restart_job")
         if d.type == "evict_nodes":

@@ -34,12 +34,12 @@ class InhibitRule:
     effect: str = "mute"  # mute | corroborate
 
 
-def load_recovered_spares(path: Path | None = None) -> frozenset[str]:
-    """``[recovered] spares``: the target kinds a cause that recovered (a tolerated flap) no longer mutes."""
+def load_weak_spares(path: Path | None = None) -> frozenset[str]:
+    """``[weak] spares``: the target kinds a weak cause (a warning, or one that recovered) does not mute."""
     path = path or CATALOGS / "inhibit.toml"
-    spares = load_toml(path).get("recovered", {}).get("spares", [])
+    spares = load_toml(path).get("weak", {}).get("spares", [])
     if not isinstance(spares, list) or not all(isinstance(k, str) for k in spares):
-        raise CatalogError("[recovered] spares must be a list of kinds", file=str(path), entry="recovered")
+        raise CatalogError("[weak] spares must be a list of kinds", file=str(path), entry="weak")
     return frozenset(spares)
 
 
@@ -70,15 +70,15 @@ class Cause:
     node: str | None
     ts: float
     incident_id: str
-    spares: frozenset[str] = frozenset()  # target kinds this cause no longer mutes (it recovered)
+    spares: frozenset[str] = frozenset()  # target kinds this cause does not mute (it is weak: a warning, recovered)
 
 
 class Inhibitor:
     """Remembers causes and answers whether a signal is muted, and by which rule."""
 
-    def __init__(self, rules: list[InhibitRule] | None = None, recovered_spares: frozenset[str] | None = None):
+    def __init__(self, rules: list[InhibitRule] | None = None, weak_spares: frozenset[str] | None = None):
         self.rules = rules if rules is not None else load_inhibit_rules()
-        self.recovered_spares = recovered_spares if recovered_spares is not None else load_recovered_spares()
+        self.weak_spares = weak_spares if weak_spares is not None else load_weak_spares()
         self._effect = {r.name: r.effect for r in self.rules}
         self._causes: list[Cause] = []
 
@@ -89,12 +89,18 @@ class Inhibitor:
     def note_cause(self, cause: Cause) -> None:
         self._causes.append(cause)
 
-    def recovered(self, incident_id: str) -> None:
-        """The incident's fault went away (a network alert that recovered, tolerated): it still explains the
-        transient symptoms of its window, not a lasting one (``[recovered] spares``: a hang after the link
-        is back is judged on its own evidence)."""
-        self._causes = [replace(c, spares=self.recovered_spares) if c.incident_id == incident_id else c
-                        for c in self._causes]
+    def weaken(self, incident_id: str) -> None:
+        """The incident's cause is weak: only a warning for a person (a non-fatal NVSwitch error, a corrected
+        error burst) or a fault that went away (a tolerated flap). It still explains the transient symptoms of
+        its window, not a lasting one (``[weak] spares``: a hang is judged on its own evidence)."""
+        self._set_spares(incident_id, self.weak_spares)
+
+    def strengthen(self, incident_id: str) -> None:
+        """The incident turned critical: its cause mutes every target kind again."""
+        self._set_spares(incident_id, frozenset())
+
+    def _set_spares(self, incident_id: str, spares: frozenset[str]) -> None:
+        self._causes = [replace(c, spares=spares) if c.incident_id == incident_id else c for c in self._causes]
 
     def muted_by(self, kind: str, role: str, job: str, node: str | None, ts: float,
                  *, exclude_incident: str | None = None) -> tuple[str, Cause] | None:

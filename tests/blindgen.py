@@ -140,7 +140,8 @@ class Scenario:
     nodes: list[str]
     gpn: int
     truth: Truth = field(default_factory=Truth)
-    force: dict[str, Any] = field(default_factory=dict)  # pin a random choice: hard, kfmt, distract, n_steps
+    # pin a random choice: hard, kfmt, distract, distract_at ("fault"), n_steps, pp, hang_variant, drop (ranks)
+    force: dict[str, Any] = field(default_factory=dict)
 
 
 class _Writer:
@@ -165,6 +166,9 @@ class _Writer:
         self.pid = {r: 40_000 + rng.randint(0, 9_000) + r for r in range(self.n_ranks)}
         # the run: steps, a stop step (crash / hang), slow ranks, NaN
         self.n_steps = int(sc.force.get("n_steps", rng.randint(320, 420)))
+        nn = len(sc.nodes)
+        self.pp = 2 if nn >= 4 and nn % 2 == 0 and rng.random() < 0.3 else 1
+        self.pp = int(sc.force.get("pp", self.pp))
         fmts = ("syslog", "journal_iso", "rfc3339", "dmesg_T", "short_precise")
         self.node_fmt = {n: rng.choice(fmts) for n in sc.nodes} if self.hard and "kfmt" not in sc.force and rng.random() < 0.3 else {}
         self.skew = {rng.choice(sc.nodes): rng.choice((-1, 1)) * rng.uniform(20, 90)} if self.hard and rng.random() < 0.3 else {}
@@ -268,8 +272,7 @@ class _Writer:
             self.cum.append(self.cum[-1] + base + 0.09)
         _inject(self)
         ranks = {str(r): {"node": self.node_of(r), "gpu": r % sc.gpn} for r in range(self.n_ranks)}
-        nn = len(sc.nodes)
-        pp = 2 if nn >= 4 and nn % 2 == 0 and rng.random() < 0.3 else 1
+        nn, pp = len(sc.nodes), self.pp
         (d / "job.json").write_text(json.dumps({"job": f"pretrain-{sc.seed:04d}", "tp": sc.gpn, "pp": pp,
                                                 "dp": nn // pp, "cp": 1, "order": "tp-cp-dp-pp", "ranks": ranks},
                                                indent=rng.choice((None, 2))))
@@ -427,6 +430,11 @@ COMM_FRAMES = ["all_reduce (torch/distributed/distributed_c10d.py:2288)", "wrapp
                "reduce_gradients (megatron/core/distributed/param_and_grad_buffer.py:312)",
                "train_step (megatron/training/training.py:602)", "train (megatron/training/training.py:1011)",
                "pretrain (megatron/training/training.py:287)", "<module> (pretrain_gpt.py:243)"]
+P2P_FRAMES = ["recv (torch/distributed/distributed_c10d.py:2127)", "_communicate (megatron/core/pipeline_parallel/p2p_communication.py:356)",
+              "recv_forward (megatron/core/pipeline_parallel/p2p_communication.py:420)",
+              "forward_backward_pipelining_without_interleaving (megatron/core/pipeline_parallel/schedules.py:1256)",
+              "train_step (megatron/training/training.py:586)", "train (megatron/training/training.py:1011)",
+              "pretrain (megatron/training/training.py:287)", "<module> (pretrain_gpt.py:243)"]
 STUCK_FRAMES = (
     ["synchronize (torch/cuda/__init__.py:801)", "forward_backward_no_pipelining (megatron/core/pipeline_parallel/schedules.py:452)",
      "train_step (megatron/training/training.py:586)", "train (megatron/training/training.py:1011)",
@@ -552,13 +560,30 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
         w.stop_step = fault_step
         w.busy_after_stop = True
         stuck = rng.choice(STUCK_FRAMES)
-        w.stacks = {r: _pyspy(w, r, stuck if r == rank else COMM_FRAMES) for r in range(w.n_ranks)}
-        if w.hard:  # a few other ranks did not answer the dump
-            for r in rng.sample(others, min(3, len(others))):
+        variant = rng.choice(("plain", "p2p", "two_stuck", "no_answer")) if w.hard else "plain"
+        variant = sc.force.get("hang_variant", variant)
+        stuck_ranks = {rank}
+        if variant == "two_stuck":
+            stuck_ranks.add(cn * sc.gpn + (g + 1) % sc.gpn)
+        frames = {r: stuck if r in stuck_ranks else COMM_FRAMES for r in range(w.n_ranks)}
+        if variant == "p2p" and w.pp == 2:  # the stuck stage's pipeline peers wait in p2p, not in the all-reduce
+            span = sc.gpn * (len(nodes) // 2)
+            for r in (rank - span, rank + span):
+                if 0 <= r < w.n_ranks:
+                    frames[r] = P2P_FRAMES
+        w.stacks = {r: _pyspy(w, r, f) for r, f in frames.items()}
+        if variant == "no_answer":  # the stuck machine never answered the dump
+            for gg in range(sc.gpn):
+                w.stacks.pop(cn * sc.gpn + gg, None)
+        elif w.hard:  # a few other ranks did not answer the dump
+            for r in sc.force.get("drop", rng.sample(others, min(3, len(others)))):
                 w.stacks.pop(r, None)
         if rng.random() < 0.5:
-            w.watchdogs(ft + 600, others, 3000 + fault_step)
-        sc.truth = T(culprits=one, any_of=(("evict_nodes", one), ("run_diagnostics", one)), text=f"evict {node} (stuck rank {rank})")
+            w.watchdogs(ft + 600, [r for r in others if r not in stuck_ranks], 3000 + fault_step)
+        acc: tuple[tuple[str, tuple[str, ...] | None], ...] = (("evict_nodes", one), ("run_diagnostics", one))
+        if variant == "no_answer":
+            acc += (("restart_job", None),)
+        sc.truth = T(culprits=one, any_of=acc, text=f"evict {node} (stuck rank {rank}, {variant})")
     elif kind == "user_exception":
         w.stop_step = fault_step
         if w.hard and rng.random() < 0.4:  # one rank runs out of GPU memory on a long batch; the rest time out
@@ -631,7 +656,8 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
     else:
         raise ValueError(f"unknown kind {kind}")
     if w.hard and len(nodes) > 1:
-        _distract(w, rng.choice([n for n in nodes if n != node]), rng.uniform(w.t0 + 60, ft + 200))
+        at = rng.uniform(w.t0 + 60, ft + 200)
+        _distract(w, rng.choice([n for n in nodes if n != node]), ft + 30 if sc.force.get("distract_at") == "fault" else at)
 
 
 def _distract(w: _Writer, node: str, t: float) -> None:

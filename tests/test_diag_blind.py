@@ -24,6 +24,8 @@ from faultlens.collectors.kernel import KernelParser
 from faultlens.commands.diagnose import make_detectors
 from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
+from faultlens.diagnosis.incidents import RECOVERED_KIND, IncidentBook, Signal
+from faultlens.diagnosis.inhibit import Inhibitor
 from faultlens.signatures import ClassifyContext, classify
 from faultlens.stream import schema
 from tests.blindgen import Scenario, write
@@ -74,12 +76,13 @@ def test_corrected_aer_repeat_counts_events_not_lines() -> None:
     assert got[-1].rule == "kernel.pcie_aer.corrected.repeated" and got[-1].action == "notify"
 
 
-def _minimal_dir(d: Path, kernel: dict[str, list[str]], nccl: dict[str, list[str]]) -> Path:
-    ranks = {str(n * 4 + g): {"node": node, "gpu": g} for n, node in enumerate(NODES) for g in range(4)}
+def _minimal_dir(d: Path, kernel: dict[str, list[str]], nccl: dict[str, list[str]], nodes: list[str] = NODES,
+                 gpn: int = 4) -> Path:
+    ranks = {str(n * gpn + g): {"node": node, "gpu": g} for n, node in enumerate(nodes) for g in range(gpn)}
     d.mkdir(parents=True)
-    (d / "job.json").write_text(json.dumps({"job": "blind", "tp": 4, "pp": 1, "dp": 4, "cp": 1, "order": "tp-cp-dp-pp",
-                                            "ranks": ranks}))
-    for node in NODES:
+    (d / "job.json").write_text(json.dumps({"job": "blind", "tp": gpn, "pp": 1, "dp": len(nodes), "cp": 1,
+                                            "order": "tp-cp-dp-pp", "ranks": ranks}))
+    for node in nodes:
         (d / "nodes" / node / "nccl").mkdir(parents=True)
         (d / "nodes" / node / "kernel.log").write_text("\n".join(kernel.get(node, [])) + "\n")
         (d / "nodes" / node / "nccl" / "rank.log").write_text("\n".join(nccl.get(node, [])) + "\n")
@@ -117,3 +120,74 @@ def test_nfs_lines_on_most_hosts_explain_hung_tasks_on_a_few(tmp_path: Path) -> 
     assert ok, why
     assert [i for i in incidents if i.kind == "storage" and f"on {len(nodes)}/{len(nodes)} nodes" in (i.summary or "")]
     assert not [i for i in incidents if i.kind == "hung_task"]
+
+
+def _hang(tmp_path: Path, seed: int, nodes: list[str], force: dict[str, Any]) -> tuple[Scenario, list[Any], list[dict[str, Any]]]:
+    sc = Scenario("hang", "hang", seed, nodes, 8 if len(nodes) == 2 else 4, force={"n_steps": 260, **force})
+    incidents, actions = _diagnose(write(sc, tmp_path / "hang"))
+    return sc, incidents, actions
+
+
+def test_a_warning_on_another_machine_neither_mutes_a_hang_nor_roots_it(tmp_path: Path) -> None:
+    # a non-fatal NVSwitch SXid (notify) on a healthy node while the job hangs on a rank stuck in CUDA
+    sc, incidents, actions = _hang(tmp_path, 746, list(NODES), {"hard": True, "hang_variant": "plain", "drop": [],
+                                                                "distract": "sxid_nonfatal", "distract_at": "fault"})
+    sxid = [i for i in incidents if i.kind == "nvlink_error"]
+    assert sxid and sxid[0].suspects[0]["node"] not in sc.truth.culprits
+    ok, why = sc.truth.judge(actions)
+    assert ok, f"wanted {sc.truth.text}; {why}"
+
+
+def test_silence_on_another_machine_does_not_join_a_seen_root(tmp_path: Path) -> None:
+    # pipeline of 2 stages on 8 machines; two ranks of a healthy machine did not answer the dump: the stuck
+    # rank's machine (seen in a dataset read / CUDA sync while its groups wait) is evicted alone
+    nodes = [f"gpu-a100-{i:03d}" for i in range(100, 108)]
+    force = {"n_steps": 260, "hard": True, "hang_variant": "p2p", "pp": 2, "distract": "xid63"}
+    probe = Scenario("hang", "hang", 974, nodes, 4, force=dict(force))
+    write(probe, tmp_path / "probe")
+    other = (nodes.index(probe.truth.culprits[0]) + 1) % len(nodes)
+    sc = Scenario("hang", "hang", 974, nodes, 4, force={**force, "drop": [other * 4 + 1, other * 4 + 2]})
+    incidents, actions = _diagnose(write(sc, tmp_path / "hang"))
+    ok, why = sc.truth.judge(actions)
+    assert ok, f"wanted {sc.truth.text}; {why}"
+
+
+def test_one_machine_of_two_that_does_not_answer_is_the_named_suspect(tmp_path: Path) -> None:
+    sc, incidents, actions = _hang(tmp_path, 651, NODES[:2], {"hard": True, "hang_variant": "no_answer"})
+    assert sc.truth.judge(actions)[0]
+    hang = [i for i in incidents if i.kind == "hang" and i.suspects]
+    assert hang and hang[0].suspects[0]["node"] == sc.truth.culprits[0]
+
+
+def _book() -> IncidentBook:
+    return IncidentBook(burst_gap_s=60.0, inhibitor=Inhibitor(), join_window_s={"ib_link": 300.0})
+
+
+def test_peers_nccl_errors_do_not_reopen_a_tolerated_flap() -> None:
+    # benchmarks/blind.py's ib_down-s10: a healthy node's link flapped and came back 3 s later; NCCL completion
+    # errors (the remote side of another node's dead link) then land on it: the flap stays a tolerated warning
+    kernel = (FIX / "flap_and_dead_link_kernel.log").read_text().splitlines()
+    nccl = (FIX / "flap_and_dead_link_nccl.log").read_text().splitlines()
+    node, t0 = "node0148.cluster.internal", 1_795_000_000.0
+    book = _book()
+    down = Signal(t0, "j", "ib_link", "alert", 0.9, "policy:ib_link_down", "kernel", kernel[0], node=node, severity="warning")
+    inc = book.add(down)
+    assert inc is not None
+    book.add(Signal(t0 + 3, "j", RECOVERED_KIND, "info", 0.5, "policy:ib_link_up", "kernel", kernel[1], node=node))
+    assert (inc.status, inc.state.severity) == ("resolved", "warning")
+    book.add(Signal(t0 + 40, "j", "ib_link", "symptom", 0.4, "policy:nccl_ib_completion", "nccl", nccl[0], node=node))
+    assert (inc.status, inc.severity()) == ("resolved", "warning")
+    # a second link down within the network window does reopen it: that is a repeat
+    book.add(Signal(t0 + 60, "j", "ib_link", "alert", 0.9, "policy:ib_link_down", "kernel", kernel[0], node=node, severity="warning"))
+    assert inc.status == "open"
+
+
+def test_a_recovered_flap_does_not_explain_a_later_hang() -> None:
+    kernel = (FIX / "flap_and_dead_link_kernel.log").read_text().splitlines()
+    node, t0 = "node0148.cluster.internal", 1_795_000_000.0
+    book = _book()
+    book.add(Signal(t0, "j", "ib_link", "alert", 0.9, "policy:ib_link_down", "kernel", kernel[0], node=node, severity="warning"))
+    assert book.inhibitor.muted_by("hang", "job", "j", None, t0 + 2) is None  # not yet repeated: tolerated
+    book.add(Signal(t0 + 3, "j", RECOVERED_KIND, "info", 0.5, "policy:ib_link_up", "kernel", kernel[1], node=node))
+    assert book.inhibitor.muted_by("ib_link", "symptom", "j", "node0149.cluster.internal", t0 + 2) is not None
+    assert book.inhibitor.muted_by("hang", "job", "j", None, t0 + 90) is None
