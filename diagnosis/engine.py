@@ -383,7 +383,10 @@ class DiagnosisEngine:
         if signal.role == NOTE:
             file_note(self.book, self._job(signal.job).notes, signal)
             return None
-        rule = self.jobwide.rule_for(signal.kind) if signal.node and signal.role != "job" else None
+        # A job-level line with a node (an NFS server not responding, seen from one host) counts towards its
+        # job-wide rule too: hung tasks on a few hosts plus such lines on most is one shared stall.
+        rule = self.jobwide.rule_for(signal.kind, signal.source) \
+            if signal.node and not signal.rule.startswith("jobwide:") else None
         if rule is not None:
             inc = self._file_jobwide(signal, rule)
             if inc is not None:
@@ -559,6 +562,8 @@ class DiagnosisEngine:
         for other in self.book.incidents.values():
             if other is inc or other.job != job.name or other.node not in nodes or other.kind not in kinds:
                 continue
+            if other.state.severity not in (None, "critical"):
+                continue  # a warning (a non-fatal NVSwitch error, a corrected-error burst) breaks no collective
             if abs(other.opened_ts - inc.opened_ts) <= window_s:
                 out.setdefault(str(other.node), f"{other.kind} on {other.node} ({other.summary or other.id})"[:200])
         return out
@@ -674,6 +679,7 @@ class DiagnosisEngine:
         self._outputs.append(action)
         if d.type != "notify":
             self.book.promote_cause(inc)
+            self.book.confirm_cause(inc)
         if d.type == "restart_job":
             self.book.note_action_cause(inc, "restart_job")
         if d.type == "evict_nodes":

@@ -282,7 +282,9 @@ def rank_roots(states: Mapping[int, RankState], topo: Topology, *, majority: Ite
     world = max(1, len(states))
     n_missing = sum(1 for s in states.values() if s.category == "missing")
     n_waiting = sum(1 for s in states.values() if s.waiting)
-    missing_counts = n_missing < 0.5 * world  # a whole job that did not answer says nothing about one machine
+    # a whole job (or most of it) that did not answer says nothing about one machine; one machine of two
+    # that did not answer while the other's ranks wait on it does
+    missing_counts = n_missing <= 0.5 * world
     scores: dict[int, float] = {}
     reasons: dict[int, list[str]] = {}
 

@@ -336,8 +336,17 @@ class IncidentBook:
             self._recovered(signal)
             return None
         if existing is not None and existing.state.recovered_ts is not None and existing.status == "resolved" \
+                and signal.role == "alert" \
                 and not existing.actions and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
-            existing.status, existing.state.recovered_ts, existing.dirty = "open", None, True  # it flaps again
+            # it flaps again (a link event; its peers' NCCL errors are symptoms, they do not reopen it)
+            existing.status, existing.state.recovered_ts, existing.dirty = "open", None, True
+            if existing.role in ("cause", "alert"):
+                self.inhibitor.note_cause(Cause(existing.kind, existing.job, existing.node, signal.ts, existing.id))
+        if existing is not None and existing.state.recovered_ts is not None and existing.status == "resolved" \
+                and signal.role == "symptom" and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
+            existing.add_evidence(signal)  # a peer's NCCL error on a flap that recovered: evidence, not a new fault
+            existing.dirty = True
+            return existing
         if existing is not None and existing.status == "open" and signal.ts - existing.updated_ts <= self.join_gap(signal.kind):
             burst, _ = self.bursts.add(signal.job, node_key, signal.kind, signal.ts, signal.rule, alert=signal.role == "alert")
             if burst not in existing.bursts:
@@ -369,6 +378,10 @@ class IncidentBook:
         self._absorb(inc, signal)
         if signal.role in ("cause", "alert"):
             self.inhibitor.note_cause(Cause(signal.kind, signal.job, signal.node, signal.ts, inc.id))
+            if signal.role == "alert" or inc.state.severity not in (None, "critical"):
+                # weak until acted on (confirm_cause): a warning only asks a person to look, and a network
+                # alert is tolerated until it repeats (it may come back up in seconds): neither explains a hang yet
+                self.inhibitor.weaken(inc.id)
             self._mute_existing(inc)
         return inc
 
@@ -376,6 +389,8 @@ class IncidentBook:
         inc.add_evidence(signal)
         if SEVERITY_ORDER.get(signal.severity, 2) > SEVERITY_ORDER.get(inc.state.severity or "", -1):
             inc.state.severity = signal.severity
+            if signal.severity == "critical" and inc.role == "cause" and inc.state.recovered_ts is None:
+                self.inhibitor.strengthen(inc.id)
         if signal.action is not None:
             strongest = stronger_line_action(inc.state.line_action, signal.action)
             if strongest != inc.state.line_action:
@@ -405,6 +420,7 @@ class IncidentBook:
             inc.state.recovered_ts = signal.ts
             inc.state.severity = "warning"
             inc.status, inc.dirty = "resolved", True
+            self.inhibitor.weaken(inc.id)  # a tolerated flap explains no later hang or error
             inc.summary = (f"network alert not repeated: tolerated (link back up {signal.ts - inc.updated_ts:.0f} s "
                            "later)")
 
@@ -415,6 +431,13 @@ class IncidentBook:
         inc.state.is_cause = True
         self.inhibitor.note_cause(Cause(inc.kind, inc.job, inc.node, inc.opened_ts, inc.id))
         self._mute_existing(inc)
+
+    def confirm_cause(self, inc: OpenIncident) -> None:
+        """A machine fault acted on beyond a notification (a warning-level hung task sent to diagnostics) is
+        no longer weak: it explains the job's hang too, also one opened before it."""
+        if inc.role in ("cause", "alert") and inc.state.recovered_ts is None:
+            self.inhibitor.strengthen(inc.id)
+            self._mute_existing(inc)
 
     def note_action_cause(self, inc: OpenIncident, action: str) -> None:
         """An action taken on ``inc`` explains symptoms of its own (inhibit.toml names the action type as a
@@ -471,6 +494,7 @@ class IncidentBook:
                 continue  # a refused remedy stays open with its reason: a person decides
             if not inc.actions and inc.kind == "ib_link":
                 inc.summary = inc.summary or "network alert not repeated: tolerated (link flap recovered)"
+                self.inhibitor.weaken(inc.id)
             inc.status = "mitigated" if inc.actions else "resolved"
             inc.dirty = True
             closed.append(inc)

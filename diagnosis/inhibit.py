@@ -14,7 +14,7 @@ node is one stronger incident, not one weak incident and one muted finding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ class InhibitRule:
     lead_s: float = 60.0
     target_roles: tuple[str, ...] = ()
     effect: str = "mute"  # mute | corroborate
+
+
+def load_weak_spares(path: Path | None = None) -> frozenset[str]:
+    """``[weak] spares``: the target kinds a weak cause (a warning, or one that recovered) does not mute."""
+    path = path or CATALOGS / "inhibit.toml"
+    spares = load_toml(path).get("weak", {}).get("spares", [])
+    if not isinstance(spares, list) or not all(isinstance(k, str) for k in spares):
+        raise CatalogError("[weak] spares must be a list of kinds", file=str(path), entry="weak")
+    return frozenset(spares)
 
 
 def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
@@ -61,13 +70,15 @@ class Cause:
     node: str | None
     ts: float
     incident_id: str
+    spares: frozenset[str] = frozenset()  # target kinds this cause does not mute (it is weak: a warning, recovered)
 
 
 class Inhibitor:
     """Remembers causes and answers whether a signal is muted, and by which rule."""
 
-    def __init__(self, rules: list[InhibitRule] | None = None):
+    def __init__(self, rules: list[InhibitRule] | None = None, weak_spares: frozenset[str] | None = None):
         self.rules = rules if rules is not None else load_inhibit_rules()
+        self.weak_spares = weak_spares if weak_spares is not None else load_weak_spares()
         self._effect = {r.name: r.effect for r in self.rules}
         self._causes: list[Cause] = []
 
@@ -77,6 +88,19 @@ class Inhibitor:
 
     def note_cause(self, cause: Cause) -> None:
         self._causes.append(cause)
+
+    def weaken(self, incident_id: str) -> None:
+        """The incident's cause is weak: only a warning for a person (a non-fatal NVSwitch error, a corrected
+        error burst) or a fault that went away (a tolerated flap). It still explains the transient symptoms of
+        its window, not a lasting one (``[weak] spares``: a hang is judged on its own evidence)."""
+        self._set_spares(incident_id, self.weak_spares)
+
+    def strengthen(self, incident_id: str) -> None:
+        """The incident turned critical: its cause mutes every target kind again."""
+        self._set_spares(incident_id, frozenset())
+
+    def _set_spares(self, incident_id: str, spares: frozenset[str]) -> None:
+        self._causes = [replace(c, spares=spares) if c.incident_id == incident_id else c for c in self._causes]
 
     def muted_by(self, kind: str, role: str, job: str, node: str | None, ts: float,
                  *, exclude_incident: str | None = None) -> tuple[str, Cause] | None:
@@ -88,6 +112,8 @@ class Inhibitor:
                 if cause.incident_id == exclude_incident or cause.kind not in rule.source_kinds or cause.job != job:
                     continue
                 if rule.scope == "node" and (node is None or cause.node != node):
+                    continue
+                if kind in cause.spares:
                     continue
                 if cause.kind == kind and cause.node == node:
                     continue  # a cause never mutes its own kind on its own node

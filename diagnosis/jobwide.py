@@ -33,6 +33,7 @@ class JobWideRule:
     min_nodes: int = 2
     window_s: float = 300.0
     hold_s: float = 120.0
+    sources: tuple[str, ...] = ()  # signal sources that count towards the share (empty: any)
 
     def needed(self, job_nodes: int) -> int:
         return max(self.min_nodes, math.ceil(self.min_fraction * job_nodes))
@@ -44,7 +45,8 @@ def load_jobwide(entries: list[dict[str, Any]], path: Path | str) -> list[JobWid
     for i, e in enumerate(entries):
         name = str(e.get("name", f"jobwide#{i}"))
         try:
-            rule = JobWideRule(**{**e, "source_kinds": tuple(e.get("source_kinds", ()))})
+            rule = JobWideRule(**{**e, "source_kinds": tuple(e.get("source_kinds", ())),
+                                  "sources": tuple(e.get("sources", ()))})
         except TypeError as exc:
             raise CatalogError(str(exc), file=str(path), entry=name) from None
         if not rule.source_kinds or not 0 < rule.min_fraction <= 1 or rule.min_nodes < 2:
@@ -62,8 +64,10 @@ class JobWideCorrelator:
     seen: dict[tuple[str, str], deque[tuple[float, str]]] = field(default_factory=dict)  # (job, rule) -> (ts, node)
     open_incident: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, rule) -> job-wide incident id
 
-    def rule_for(self, kind: str) -> JobWideRule | None:
-        return next((r for r in self.rules if kind in r.source_kinds), None)
+    def rule_for(self, kind: str, source: str | None = None) -> JobWideRule | None:
+        """The rule watching ``kind`` (and, given, a signal from ``source``), or None."""
+        return next((r for r in self.rules if kind in r.source_kinds
+                     and (source is None or not r.sources or source in r.sources)), None)
 
     def note(self, job: str, rule: JobWideRule, ts: float, node: str, job_nodes: set[str]) -> list[str] | None:
         """Record one node's signal; the nodes that make it job-wide when the rule's share is reached."""

@@ -17,7 +17,8 @@ Context rules need what came before (one ``ClassifyContext`` per stream):
   GPU, or one whose text names its cause ("caused by previous Xid N"), carries the
   root's verdict and ranks below it; Xid 154 states the recovery the driver wants;
 * a rule with ``repeat`` escalates when it fires ``count`` times within ``window_s``
-  on one device (a corrected PCIe error once is noise, 20 a minute is a bad link).
+  on one device (a corrected PCIe error once is noise, 20 a minute is a bad link);
+  ``repeat.counts`` counts events by their header line, not each detail line they print.
 Context only ever changes records of recognised kinds, which the agent always
 ships, so its context-free ship filter agrees with the context-aware readers.
 
@@ -126,6 +127,7 @@ class Repeat:
     count: int
     window_s: float
     result: Classification
+    counts: re.Pattern[str] | None = None  # only lines matching it are one more event (a record's header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +224,17 @@ def load_rules(path: Path, family: str | None = None) -> tuple[Rule, ...]:
             if not isinstance(r, dict) or not isinstance(r.get("count"), int) or r["count"] < 2 \
                     or not isinstance(r.get("window_s"), (int, float)):
                 raise CatalogError("`repeat` needs count (>= 2) and window_s", file=str(path), entry=rid)
+            counts = None
+            if "counts" in r:  # one event prints several lines (AER: a header, then its details): count headers
+                try:
+                    counts = re.compile(str(r["counts"]), re.IGNORECASE)
+                except re.error as exc:
+                    raise CatalogError(f"bad `repeat.counts` regex: {exc}", file=str(path), entry=rid) from None
             merged = {"category": result.category, "severity": result.severity, "action": result.action,
-                      "fault": result.fault, "source": result.reference, **r}
+                      "fault": result.fault, "source": result.reference, **{k: v for k, v in r.items() if k != "counts"}}
             rep = Repeat(int(r["count"]), float(r["window_s"]),
-                         _result(merged, file=str(path), name=f"{rid}.repeated", rule=f"{rid}.repeated", family=fam))
+                         _result(merged, file=str(path), name=f"{rid}.repeated", rule=f"{rid}.repeated", family=fam),
+                         counts)
         rules.append(Rule(rid, frozenset(kinds), rx, result, tuple(subs), rep))
     if not rules:
         raise CatalogError("no [[rule]] entries", file=str(path))
@@ -445,6 +454,8 @@ def _apply_repeat(rule: Rule, rec: Any, ctx: ClassifyContext | None) -> Classifi
     fields = getattr(rec, "fields", None) or {}
     device = str(getattr(rec, "pci_bus", None) or fields.get("device_pci") or fields.get("device") or "")
     times = int(fields.get("repeated") or 1)
+    if rep.counts is not None and not rep.counts.search(str(getattr(rec, "raw", "") or "")):
+        times = 0  # a detail line of an event already counted: it reads the count, adds nothing
     n = ctx.fired((getattr(rec, "node", "") or "", rule.id, device), float(getattr(rec, "ts", 0.0) or 0.0),
                   rep.window_s, times)
     if n >= rep.count:
