@@ -12,8 +12,15 @@
 * ``JournalReader()`` runs ``journalctl -k -f -o json`` and turns each entry
   into a syslog-style line (collectors.kernel.parse_journal_entry).
 
-Each has ``poll() -> list[str]`` (never blocks) and ``close()``. The three share one
-module (a little over ~500 lines) because they share the decode and partial-line rules.
+Each has ``poll() -> list[str]`` (never blocks), ``fileno()`` (a descriptor that
+becomes readable when there is something to read, or None) and ``close()``. The
+agent's loop blocks on those descriptors (select), so a line is read when it is
+written, not at the next tick: /dev/kmsg and journalctl's pipe are readable
+themselves; files are watched with inotify (``ChangeWatch``, inotify_simple: the
+directories of the followed files, so rotation and new files wake it too). Without
+inotify (not Linux, no watches left) ``fileno()`` is None and the loop polls every
+``agent.tick_s``. The three share one module because they share the decode and
+partial-line rules.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from faultlens.collectors.kernel import parse_journal_entry
 from faultlens.collectors.sources import RESCAN_S, FollowedSource
@@ -38,10 +45,84 @@ MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut (counted in long_li
 _HAS_MAGIC = re.compile(r"[*?\[]")
 
 
+class ChangeWatch:
+    """inotify on directories: ``fileno()`` is readable after something in them changed.
+
+    Directories, not files: a rotated or newly created file is seen, and one watch
+    covers every file of a glob in that directory. ``drain()`` reads the pending events
+    (the descriptor stays readable until it is called) and says whether one created or
+    moved a file (the follower then looks for new files at once).
+    """
+
+    MASK = 0
+
+    def __init__(self) -> None:
+        from inotify_simple import INotify, flags
+
+        self._flags = flags
+        self.mask = (flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
+                     | flags.CLOSE_WRITE | flags.ONLYDIR)
+        self._ino = INotify(nonblocking=True)
+        self._watched: dict[str, int] = {}
+        self.errors = 0
+
+    @classmethod
+    def open(cls) -> ChangeWatch | None:
+        """A watch, or None where inotify is not available (the follower polls then)."""
+        try:
+            return cls()
+        except (ImportError, OSError, AttributeError):
+            return None
+
+    def fileno(self) -> int:
+        return int(self._ino.fileno())
+
+    def watch(self, directory: str) -> None:
+        """Watch ``directory`` (again: no-op); one that does not exist yet is left to the rescans."""
+        if directory in self._watched:
+            return
+        try:
+            self._watched[directory] = self._ino.add_watch(directory, self.mask)
+        except OSError:
+            self.errors += 1  # missing, unreadable, or out of watches: the rescan still finds files
+
+    def drain(self) -> bool:
+        """Read the pending events; True when one created, moved or deleted a file."""
+        new = False
+        try:
+            events = self._ino.read(timeout=0)
+        except (BlockingIOError, OSError):
+            return False
+        f = self._flags
+        for ev in events:
+            if ev.mask & (f.CREATE | f.MOVED_TO | f.MOVED_FROM | f.DELETE | f.IGNORED):
+                new = True
+            if ev.mask & f.IGNORED:  # the directory went away: watch it again when it is back
+                self._watched = {d: w for d, w in self._watched.items() if w != ev.wd}
+        return new
+
+    def close(self) -> None:
+        try:
+            self._ino.close()
+        except OSError:
+            pass
+
+
+def _static_dir(pattern: str) -> str:
+    """The deepest directory of a path or glob with no wildcard in it."""
+    parts = pattern.split(os.sep)
+    keep = []
+    for part in parts[:-1]:
+        if _HAS_MAGIC.search(part):
+            break
+        keep.append(part)
+    return os.sep.join(keep) or ("/" if pattern.startswith("/") else ".")
+
+
 @dataclass
 class _File:
     path: str
-    fh: object  # a binary file object
+    fh: BinaryIO
     inode: int
     pos: int = 0
     partial: bytearray = field(default_factory=bytearray)
@@ -54,10 +135,12 @@ class FileFollower:
     agent does not replay history); files that appear later are read from 0.
     """
 
-    def __init__(self, pattern: str, *, from_end: bool = False, rescan_interval_s: float = 2.0):
+    def __init__(self, pattern: str, *, from_end: bool = False, rescan_interval_s: float = 2.0,
+                 watch: bool = True):
         self.pattern = pattern
         self.from_end = from_end
         self.rescan_interval_s = rescan_interval_s
+        self._watch = ChangeWatch.open() if watch else None
         self._files: dict[str, _File] = {}
         self._restored: dict[str, tuple[int, int]] = {}
         self._last_scan = -1e18
@@ -104,15 +187,25 @@ class FileFollower:
     def files(self) -> list[str]:
         return sorted(self._files)
 
+    def fileno(self) -> int | None:
+        """Readable once a watched directory changed (None: no inotify, poll on a timer)."""
+        return self._watch.fileno() if self._watch is not None else None
+
     # ------------------------------------------------------------------ reading
     def poll(self) -> list[str]:
         """Complete lines appended since the last poll, in file order (per file)."""
         now = time.monotonic()
-        if now - self._last_scan >= self.rescan_interval_s or self._first:
+        w = self._watch
+        rescan = w is not None and w.drain()
+        if rescan or now - self._last_scan >= self.rescan_interval_s or self._first:
             self._last_scan = now
+            if w is not None:
+                w.watch(_static_dir(self.pattern))
             for p in self._paths():
                 if p not in self._files:
                     self._open(p, self.from_end and self._first)
+                    if w is not None:
+                        w.watch(os.path.dirname(p) or ".")
             self._first = False
         out: list[str] = []
         for path in list(self._files):
@@ -224,6 +317,9 @@ class FileFollower:
             except OSError:
                 pass
         self._files.clear()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
 
 # --------------------------------------------------------------------------- /dev/kmsg
@@ -269,6 +365,12 @@ class KmsgReader:
         else:
             self._file = FileFollower(path, from_end=from_end)
             self._pending: list[bytes] = []
+
+    def fileno(self) -> int | None:
+        """The device (readable when a record is waiting), or the recorded file's watch."""
+        if self._fd is not None:
+            return self._fd
+        return self._file.fileno() if self._file is not None else None
 
     def poll(self) -> list[str]:
         out: list[str] = []
@@ -333,7 +435,7 @@ class JournalReader:
         exe = shutil.which("journalctl")
         if command is None and exe is None:
             raise NoData("journalctl not found")
-        self.command = command or [exe, "-k", "-f", "-o", "json", "-n", "0"]
+        self.command = command or [str(exe), "-k", "-f", "-o", "json", "-n", "0"]
         self.bad_entries = 0
         self._buf = bytearray()
         try:
@@ -342,6 +444,10 @@ class JournalReader:
             raise NoData(f"cannot run journalctl: {exc}") from None
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def fileno(self) -> int | None:
+        """journalctl's output pipe."""
+        return self.proc.stdout.fileno() if self.proc.stdout is not None and self.proc.returncode is None else None
 
     def poll(self) -> list[str]:
         exited = self.proc.poll() is not None  # checked before reading: what it wrote is read below
@@ -416,7 +522,11 @@ class LogSource(FollowedSource):
 
     def feed(self, lines: list[str], now: float) -> int:
         self._last_line = now
-        return self.agent.ship_log_lines(self.name, self.parser, lines, self._unparsed)
+        n = self.agent.ship_log_lines(self.name, self.parser, lines, self._unparsed)
+        close = getattr(self.parser, "close_single_line", None)
+        if close is not None:  # a fault line no continuation can follow (Xid, SXid): no quiet wait
+            n += self.agent.ship_parsed(self.name, self.parser, close())
+        return n
 
     def _unparsed(self, line: str, exc: Exception) -> Any:
         """A line the parser failed on, kept as an ``unparsed`` record with the reason."""

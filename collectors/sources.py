@@ -157,6 +157,11 @@ class FollowedSource:
         else:
             self.idle(now)
 
+    def fileno(self) -> int | None:
+        """A descriptor readable when the follower has something new (the agent's loop blocks on it)."""
+        fileno = getattr(self.follower, "fileno", None)
+        return fileno() if fileno is not None else None
+
     def feed(self, lines: list[str], now: float) -> int:
         """Turn new lines into records and emit them; returns how many were emitted."""
         raise NotImplementedError
