@@ -24,12 +24,14 @@ At the end, with everything drained and stopped by SIGTERM, it counts:
     nice python benchmarks/soak.py --quick   # 4 agents, 3 kills each, ~2-3 min
     nice python benchmarks/soak.py           # 4 agents, 10 kills each, ~6 min
 
-Records the broker held but no consumer had read when it was killed are gone (memory
-storage); the agents' spools cover only what they had not handed over. The report
-says what that costs. The broker also forgets the jobs topic (topologies) and the
-diagnosis changelog: after each broker restart this script publishes the job
-topologies again, as a launcher hook would (``--no-republish-jobs``: don't; real Kafka
-keeps them). Last line: one JSON object.
+The broker keeps everything in memory: a kill loses what it held. Each agent keeps what
+it sent for ``agent.resend_window_s`` and sends it all again when a produce answer shows
+the broker's offsets went back; the stream processor keeps each record once (natural
+key: node, agent epoch, seq; stream/dedupe.py). The broker also forgets the jobs topic
+(topologies) and the diagnosis changelog: each agent publishes its job's topology from
+the launcher's job.json (``--job-file``) at start and again after such a loss
+(``--republish-jobs``: this script publishes them as well after each broker restart, the
+old launcher-hook stand-in). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -214,9 +216,9 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap.add_argument("--nodes", type=int, default=5, help="virtual nodes = agents (4 jobs of 1 plus a spare by default)")
     ap.add_argument("--speed", type=float, default=8.0, help="simulated seconds per real second")
     ap.add_argument("--segment", type=float, default=None, help="simulated seconds per job's fault segment")
-    ap.add_argument("--no-republish-jobs", dest="republish_jobs", action="store_false",
-                    help="do not publish the jobs' topologies again after a broker restart (the embedded broker "
-                         "forgets them; real Kafka keeps the compacted jobs topic)")
+    ap.add_argument("--republish-jobs", action="store_true",
+                    help="this script publishes the jobs' topologies too, at start and after each broker restart "
+                         "(by default only the agents do: --job-file)")
     ap.add_argument("--workdir", default=None, help="keep everything here (default: a temporary directory)")
     args = ap.parse_args()
     kills = args.kills if args.kills is not None else (3 if args.quick else 10)
@@ -266,8 +268,10 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                   "--kernel-log", str(seg / "nodes" / node / "kernel.log"),
                   "--nccl-glob", str(seg / "nodes" / node / "nccl" / "*.log"),
                   "--steps-glob", str(seg / "steps" / f"{node}.jsonl"),
+                  "--job-file", str(seg / "job.json"),
                   "--spool-dir", str(work / "spool" / node))
-    publish_topologies(config, broker.bootstrap, scenarios)
+    if args.republish_jobs:
+        publish_topologies(config, broker.bootstrap, scenarios)
     time.sleep(8)  # group joins: the services read from the start, but let the agents settle on their files
 
     # Kill schedule: agent, processor, broker in turn, evenly over the sequence (not in its last tenth).
@@ -307,8 +311,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                     broker.kill()
                     time.sleep(0.5)
                     broker.start()
-                    if args.republish_jobs:  # the jobs topic went with the broker's memory
-                        ensure_topics(config.bus, broker.bootstrap)
+                    ensure_topics(config.bus, broker.bootstrap)  # a real Kafka keeps its topics
+                    if args.republish_jobs:  # the jobs topic went with the broker's memory; the agents republish
                         publish_topologies(config, broker.bootstrap, scenarios)
                 done_kills[role] += 1
                 ev += 1

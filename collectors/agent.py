@@ -147,7 +147,7 @@ class Agent:
         self.delivery = Delivery(self._producer, self.spool, on_sent=self._on_sent,
                                  min_send_interval_s=ac.min_send_interval_s, source=self.node,
                                  retained=Spool(Path(ac.spool_dir) / "sent", max_bytes=ac.spool_max_bytes),
-                                 retain_s=ac.resend_window_s)
+                                 retain_s=ac.resend_window_s, on_lost=self._on_broker_lost)
         self._sources: list[Source] = []
         self.gpu_map: dict[str, int] = {}  # PCI bus -> GPU index, from NVML; the kernel parser reads it
         self._stop = threading.Event()
@@ -177,6 +177,14 @@ class Agent:
         return Producer(self.config.bus, self.bootstrap, max_block_ms=5000, request_timeout_ms=5000,
                         delivery_timeout_ms=15000, retries=2, bootstrap_timeout_ms=5000, reconnect_backoff_max_ms=2000,
                         metrics_enabled=False)
+
+    def _on_broker_lost(self) -> None:
+        """The broker lost records it had acknowledged (and so its topics): sources that publish
+        state (the ``jobs`` source's topology) publish it again."""
+        for src in self._sources:
+            republish = getattr(src, "republish", None)
+            if republish is not None:
+                republish()
 
     def _on_sent(self, kind: str, n: int) -> None:
         if self.metrics is not None:

@@ -36,6 +36,9 @@ from typing import Any
 
 from faultlens.errors import BusError
 from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
+from faultlens.stream.dedupe import (
+    SEQ_HEADER,  # b"<epoch>:<seq>:<node>": the lake de-duplicates on it
+)
 from faultlens.stream.topics import NAMES
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,6 @@ _KIND_INDEX = {k: i for i, k in enumerate(NAMES)}
 Stamp = tuple[int, int]  # (epoch, seq): the record's natural key with its node (see ``Delivery``)
 # (kind, key, value) or (kind, key, value, stamp)
 Entry = tuple[str, str | None, bytes] | tuple[str, str | None, bytes, Stamp]
-SEQ_HEADER = "faultlens-seq"  # b"<epoch>:<seq>:<node>" on every stamped record (stream/processor.py de-duplicates)
 
 
 class Spool:
@@ -302,7 +304,7 @@ class Delivery:
                  batch_records: int = 5000, retry_min_s: float = 0.5, retry_max_s: float = 10.0,
                  on_sent: Callable[[str, int], None] | None = None, connect_wait_s: float = 0.5,
                  min_send_interval_s: float = 0.0, source: str | None = None, retained: Spool | None = None,
-                 retain_s: float = 600.0):
+                 retain_s: float = 600.0, on_lost: Callable[[], None] | None = None):
         self.factory = producer_factory
         # Nothing lost when the broker dies (issue 24.9). With ``source`` (the node) every
         # record gets a natural key, (node, epoch, per-kind seq), sent in the SEQ_HEADER
@@ -317,6 +319,7 @@ class Delivery:
         self.retained = retained
         self.retain_s = retain_s
         self._high: dict[tuple[str, int], int] = {}  # (topic, partition) -> highest offset acknowledged
+        self.on_lost = on_lost  # called when the broker lost records (the agent republishes job topologies)
         self.resends = 0  # broker losses seen (each resent the retained records)
         self.resent_records = 0
         # Each produce request costs kafka-python ~1.5 ms of CPU whatever it carries, the
@@ -532,6 +535,14 @@ class Delivery:
         assert self.retained is not None
         self.retained.drop_older_than(time.time() - self.retain_s)
         again = self.retained.take_all()
+        if self.on_lost is not None:
+            try:
+                self.on_lost()  # queues what must be published again (topologies): it goes first
+            except Exception:  # noqa: BLE001 - a republish must never stop delivery
+                log.exception("republishing after a broker loss failed")
+        with self._qlock:
+            fresh, self._queue = self._queue, []
+        again = fresh + again
         self.resends += 1
         self.resent_records += len(again)
         log.warning("the broker lost records it had acknowledged (a partition's offsets went back): "

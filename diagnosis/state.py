@@ -159,6 +159,10 @@ class EngineFactory:
         engine = copy.copy(self._proto)
         engine.counters = copy.copy(self._proto.counters)  # static rules, its own per-GPU memory
         _load_into(engine, self._blank)
+        # The repartitioner routes a node's records to its job's key only once a topology named
+        # the node there: that job is the honest answer for a node this engine has no topology
+        # for (its state came back from a changelog a broker lost), never "unknown".
+        engine.routed_job = key if key and key != "unknown" and not key.startswith("~") else None  # "~nodes/<p>": no job
         return engine
 
 

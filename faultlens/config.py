@@ -68,11 +68,14 @@ class LakeConfig:
 class AgentConfig:
     node: str = ""  # empty: this host's name
     job: str = ""
-    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks")
+    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs")
     nvml_interval_s: float = 1.0
     kernel_follow: str = "auto"  # auto | kmsg | journal | file path
     nccl_glob: str = ""
     steps_glob: str = ""
+    # The job's topology as the launcher writes it (job.json, DESIGN.md's batch format): the
+    # ``jobs`` source publishes it at start, on change, and again after a broker loss.
+    job_file: str = ""
     spool_dir: str = "/var/lib/faultlens/spool"
     spool_max_bytes: int = 256 * 1024 * 1024
     health_interval_s: float = 30.0
