@@ -81,7 +81,14 @@ def child(args: argparse.Namespace) -> None:
     agent = Agent(cfg, bootstrap=args.bootstrap, node="gpu-n1", nvml_backend=EightGpus(), kernel_source=args.kernel,
                   nccl_glob=args.nccl, sources=("nvml", "kernel", "nccl"), tick_s=args.tick)
     print("ready", flush=True)
-    rep = agent.run_for(args.seconds)
+    if os.environ.get("FAULTLENS_BENCH_PROFILE"):  # where the agent's CPU goes (cProfile stats to this file)
+        import cProfile
+
+        prof = cProfile.Profile()
+        rep = prof.runcall(agent.run_for, args.seconds)
+        prof.dump_stats(os.environ["FAULTLENS_BENCH_PROFILE"])
+    else:
+        rep = agent.run_for(args.seconds)
     print(json.dumps({"sent": rep["sent"], "spooled": rep["spool"]["records_spooled"],
                       "kernel_lines": rep["sources"]["kernel"]["lines"], "nccl_lines": rep["sources"]["nccl"]["lines"],
                       "ordinary": sum(s.get("ordinary_lines", 0) for s in rep["sources"].values())}), flush=True)

@@ -55,7 +55,10 @@ StacksProvider = Callable[[str, str, str], list[StackDump]]  # (job, node, reque
 PERIODIC_KINDS = ("gpu", "steps")  # telemetry that comes every second anyway: never urgent (a lost GPU is)
 METRICS_S = 1.0  # gauges that mirror counters are refreshed this often, not every tick
 CHECKPOINT_S = 0.5  # follower positions are saved at most this often (a wake-up per write would write a file each)
-MIN_TICK_GAP_S = 0.02  # a stream of writes wakes the loop at most this often (a burst is one tick)
+REPLAYED_KINDS = ("kernel", "nccl", "steps")  # records of followed files: read again from a saved position
+SEQ_STATE_KEY = "~seq"  # in positions.json: kind -> [epoch, seq] at the saved positions
+TOPIC_IDS_KEY = "~topics"  # in positions.json: kind -> the broker's topic id last acknowledged
+MIN_TICK_GAP_S = 0.1  # a stream of writes wakes the loop at most this often (a burst is one tick)
 STOP_CHECK_S = 0.5  # the wait looks at the stop event this often (run_for's timer sets it from another thread)
 # Keyword arguments written before sources were plugins: (source, option) each sets.
 _SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", "path"),
@@ -146,6 +149,7 @@ class Agent:
         self._extra_metrics: dict[str, Any] = {}
         self.delivery = Delivery(self._producer, self.spool, on_sent=self._on_sent,
                                  min_send_interval_s=ac.min_send_interval_s, source=self.node,
+                                 fault_send_interval_s=ac.fault_send_interval_s,
                                  retained=Spool(Path(ac.spool_dir) / "sent", max_bytes=ac.spool_max_bytes),
                                  retain_s=ac.resend_window_s, on_lost=self._on_broker_lost)
         self._sources: list[Source] = []
@@ -295,6 +299,15 @@ class Agent:
             positions = json.loads(self._positions_path.read_text())
         except (OSError, ValueError):
             pass
+        seqs = positions.get(SEQ_STATE_KEY)
+        if isinstance(seqs, dict):
+            try:
+                self.delivery.restore_seq_state({k: v for k, v in seqs.items() if k in REPLAYED_KINDS})
+            except (TypeError, ValueError):
+                log.warning("positions: unreadable record seqs; records read again get new keys")
+        tids = positions.get(TOPIC_IDS_KEY)
+        if isinstance(tids, dict):
+            self.delivery.topic_ids.update({str(k): str(v) for k, v in tids.items()})
         for name in self.sources:
             source = source_factory(name)(self, self.options.get(name, {}))
             self._sources.append(source)
@@ -394,9 +407,8 @@ class Agent:
         for source in self._sources:
             source.poll(now)
         self.delivery.pump()
-        if now >= self._next_checkpoint:
+        if now >= self._next_checkpoint and self._checkpoint_positions():
             self._next_checkpoint = now + CHECKPOINT_S
-            self._checkpoint_positions()
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_S
             self._update_metrics()
@@ -468,7 +480,7 @@ class Agent:
         m["spool_dropped"].set(self.spool.dropped_records)
         m["spool_spooled"].set(self.spool.spooled_records)
 
-    def _checkpoint_positions(self) -> None:
+    def _checkpoint_positions(self) -> bool:
         """Save the followers' positions once every record of the lines read so far is sent or spooled.
 
         A position saved while records of its lines still wait in memory loses them at a
@@ -477,11 +489,16 @@ class Agent:
         right after a delivery leaves nothing queued and no parser holds a record.
         """
         if self.delivery.pending() or self._holding_a_record():
-            return
+            return False
         self._save_positions()
+        return True
 
     def _save_positions(self) -> None:
-        state = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        """Positions, with the record seqs of the followed kinds at that point: an agent restarted
+        there reads the same lines again and stamps the same keys, so the lake drops the second copy."""
+        state: dict[str, Any] = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        state[SEQ_STATE_KEY] = self.delivery.seq_state(REPLAYED_KINDS)
+        state[TOPIC_IDS_KEY] = dict(self.delivery.topic_ids)
         if state == self._saved_positions:
             return
         self._saved_positions = state

@@ -304,7 +304,8 @@ class Delivery:
                  batch_records: int = 5000, retry_min_s: float = 0.5, retry_max_s: float = 10.0,
                  on_sent: Callable[[str, int], None] | None = None, connect_wait_s: float = 0.5,
                  min_send_interval_s: float = 0.0, source: str | None = None, retained: Spool | None = None,
-                 retain_s: float = 600.0, on_lost: Callable[[], None] | None = None):
+                 retain_s: float = 600.0, on_lost: Callable[[], None] | None = None,
+                 fault_send_interval_s: float = 0.0):
         self.factory = producer_factory
         # Nothing lost when the broker dies (issue 24.9). With ``source`` (the node) every
         # record gets a natural key, (node, epoch, per-kind seq), sent in the SEQ_HEADER
@@ -316,9 +317,14 @@ class Delivery:
         self.source = source
         self.epoch = time.time_ns() // 1000  # this process's records: seqs restart at 1 per epoch
         self._seq: dict[str, int] = {}
+        self._epochs: dict[str, int] = {}  # kinds resumed from a checkpoint keep their epoch (restore_seq_state)
         self.retained = retained
         self.retain_s = retain_s
         self._high: dict[tuple[str, int], int] = {}  # (topic, partition) -> highest offset acknowledged
+        # kind -> the broker's topic id when records were last acknowledged: a new id is a topic
+        # created again (a memory-only broker restarted), whatever the offsets say (partitions are
+        # shared: other agents' records can carry a new log's offsets past this one's old ones).
+        self.topic_ids: dict[str, str] = {}
         self.on_lost = on_lost  # called when the broker lost records (the agent republishes job topologies)
         self.resends = 0  # broker losses seen (each resent the retained records)
         self.resent_records = 0
@@ -328,7 +334,10 @@ class Delivery:
         # when no urgent record went within the interval: the first line of a fault is
         # never held behind the GPU samples, and a burst of them shares requests.
         self.min_send_interval_s = min_send_interval_s
-        self._last_send = self._last_urgent = float("-inf")
+        self._last_send = self._last_urgent = self._last_immediate = float("-inf")
+        # A recognised fault line (``immediate``) goes at once when none went within this
+        # interval; in a storm of them, one request per interval carries them all.
+        self.fault_send_interval_s = fault_send_interval_s
         self._urgent_queued = self._immediate_queued = False
         self.spool = spool
         self.flush_timeout_s = flush_timeout_s
@@ -358,14 +367,14 @@ class Delivery:
 
     def put_many(self, entries: list[Entry], *, urgent: bool = False, immediate: bool = False) -> None:
         """Queue several (kind, key, value) entries at once. ``immediate``: a recognised fault
-        line; it goes at the next pump whatever went before (no linger)."""
+        line; it goes at the next pump unless another went within ``fault_send_interval_s``."""
         with self._qlock:
             if self.source is not None:
-                seq = self._seq
+                seq, epochs = self._seq, self._epochs
                 stamped: list[Entry] = []
                 for e in entries:
                     n = seq[e[0]] = seq.get(e[0], 0) + 1
-                    stamped.append((e[0], e[1], e[2], (self.epoch, n)))
+                    stamped.append((e[0], e[1], e[2], (epochs.get(e[0], self.epoch), n)))
                 entries = stamped
             self._queue.extend(entries)
             self._urgent_queued = self._urgent_queued or urgent
@@ -377,12 +386,12 @@ class Delivery:
         with self._qlock:
             if not self._queue:
                 return None
-            if self._immediate_queued:
-                return 0.0
             now = time.monotonic()
             due = self._last_send + self.min_send_interval_s
             if self._urgent_queued:
                 due = min(due, self._last_urgent + self.min_send_interval_s)
+            if self._immediate_queued:
+                due = min(due, self._last_immediate + self.fault_send_interval_s)
             return max(0.0, due - now)
 
     def pending(self) -> int:
@@ -399,7 +408,7 @@ class Delivery:
         now = time.monotonic()
         due = (
             force
-            or self._immediate_queued
+            or (self._immediate_queued and now - self._last_immediate >= self.fault_send_interval_s)
             or now - self._last_send >= self.min_send_interval_s
             or (self._urgent_queued and now - self._last_urgent >= self.min_send_interval_s)
         )
@@ -409,6 +418,8 @@ class Delivery:
             batch, self._queue = self._queue, []
             if batch and self._urgent_queued:
                 self._last_urgent = now
+            if batch and self._immediate_queued:
+                self._last_immediate = now
             self._urgent_queued = self._immediate_queued = False
         if self._down_since is not None or not self.spool.empty():
             self.spool.append(batch)
@@ -503,6 +514,7 @@ class Delivery:
                     self._note_error(str(fut.exception))
                 break
         if self.retained is not None and done:
+            lost = self._topic_ids_changed({e[0] for e in entries[:done]}) or lost
             if lost:
                 self._resend_retained()
             self.retained.append([e for e in entries[:done] if len(e) == 4])
@@ -528,6 +540,37 @@ class Delivery:
             return True
         self._high[tp] = offset
         return False
+
+    def _topic_ids_changed(self, kinds: set[str]) -> bool:
+        changed = False
+        getter = getattr(self._producer, "topic_id", None)
+        if getter is None:
+            return False
+        for kind in kinds:
+            try:
+                tid = getter(kind)
+            except Exception:  # noqa: BLE001 - a metadata look-up must never stop delivery
+                tid = None
+            if tid is None:
+                continue
+            old = self.topic_ids.get(kind)
+            if old is not None and old != tid:
+                changed = True
+            self.topic_ids[kind] = tid
+        if changed:
+            self._high.clear()
+        return changed
+
+    def seq_state(self, kinds: tuple[str, ...]) -> dict[str, list[int]]:
+        """``kind -> [epoch, last seq]``: saved with the followers' positions, so that an agent
+        restarted there stamps the records of the lines it reads again with the same keys."""
+        return {k: [self._epochs.get(k, self.epoch), self._seq[k]] for k in kinds if k in self._seq}
+
+    def restore_seq_state(self, state: dict[str, list[int]]) -> None:
+        with self._qlock:
+            for kind, (epoch, seq) in state.items():
+                self._epochs[kind] = int(epoch)
+                self._seq[kind] = int(seq)
 
     def _resend_retained(self) -> None:
         """The broker lost records it had acknowledged: queue every retained record again (spool

@@ -87,6 +87,11 @@ class AgentConfig:
     # costs kafka-python ~1.5 ms of CPU); the first urgent record (a log line, a stack
     # dump, a lost GPU) after a quiet spell of urgent ones is sent at once. 0: every tick.
     min_send_interval_s: float = 2.0
+    # A recognised fault line (Xid, SXid, a link down, an NCCL watchdog...) is sent at once
+    # unless another went within this interval: in a storm of them one request per interval
+    # carries them all (benchmarks/agent_overhead.py writes ~6 a second), and it takes every
+    # record queued with it, so the sends of a busy node stay about one a second.
+    fault_send_interval_s: float = 1.0
     # Every record sent is kept this long in <spool_dir>/sent; when the broker shows it lost
     # records it had acknowledged (a partition's offsets went back), they are all sent again
     # and the stream processor keeps each once (natural key: node, agent epoch, seq).

@@ -10,10 +10,17 @@ taken (``SeqLedger.take``).
 What the lake holds is known per key as a contiguous high-water mark plus the few seqs
 above it (out of order after a resend, or past a real gap), so the state stays small.
 It is committed with the lake: each processor commit writes ``_seq/s-<commit>.json``
-(the marks of the keys that commit touched) before the commit's manifest, and a
+(the marks of the keys that commit touched, and the broker's topic ids its offsets refer
+to) before the commit's manifest, and a
 processor that takes partitions merges every such file whose commit is in the
 manifest, in commit order. A file whose commit never happened (a crash between the
 two writes) is ignored, like the data files it describes.
+
+The topic ids let the processor tell a new log from the old one: a memory-only broker
+restarted empty numbers offsets from 0 again, and once the new log is longer than the
+old committed offset, a seek there would silently skip its start. A topic whose id
+differs from the one recorded is read from its beginning (its stamped records are
+de-duplicated here).
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ class SeqLedger:
     def __init__(self) -> None:
         self.marks: dict[Key, Mark] = {}
         self.given_up = 0
+        self.topic_ids: dict[str, str] = {}  # topic -> broker id, as of the newest commit (see ``write``)
 
     def take(self, key: Key, seq: int) -> bool:
         """True (and remembered) when ``(key, seq)`` is new; False for a duplicate."""
@@ -123,21 +131,24 @@ class SeqLedger:
     def copy(self) -> SeqLedger:
         out = SeqLedger()
         out.marks = {k: Mark(m.high, set(m.above)) for k, m in self.marks.items()}
+        out.topic_ids = dict(self.topic_ids)
         return out
 
     # -- the lake's copy
 
-    def write(self, lake_root: Path, commit_id: str, keys: Iterable[Key]) -> None:
-        """``_seq/s-<commit_id>.json``: the marks of ``keys`` (temporary file, fsync, rename)."""
+    def write(self, lake_root: Path, commit_id: str, keys: Iterable[Key], topic_ids: dict[str, str]) -> None:
+        """``_seq/s-<commit_id>.json``: the marks of ``keys`` and the broker's topic ids the commit's
+        offsets refer to (temporary file, fsync, rename)."""
         rows = [[node, epoch, kind, *self.marks[(node, epoch, kind)].to_list()] for node, epoch, kind in keys
                 if (node, epoch, kind) in self.marks]
-        if not rows:
+        if not rows and topic_ids == self.topic_ids:
             return
+        self.topic_ids = dict(topic_ids)
         d = lake_root / SEQ_DIR
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".s-{commit_id}.json.tmp"
         with open(tmp, "w") as f:
-            json.dump(rows, f, separators=(",", ":"))
+            json.dump({"marks": rows, "topics": topic_ids}, f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / f"s-{commit_id}.json")
@@ -149,14 +160,19 @@ class SeqLedger:
         d = lake_root / SEQ_DIR
         if not d.is_dir():
             return out
+        latest = ""
         for path in d.glob("s-*.json"):
             commit_id = path.stem[2:]
             if commit_id not in committed:
                 continue  # a crash between this file and its manifest: the commit never happened
             try:
-                rows = json.loads(path.read_text())
-                for node, epoch, kind, *marks in rows:
+                doc = json.loads(path.read_text())
+                if isinstance(doc, list):  # the first format: marks only
+                    doc = {"marks": doc}
+                if commit_id > latest and doc.get("topics"):  # commit ids start with the time: the newest wins
+                    latest, out.topic_ids = commit_id, {str(k): str(v) for k, v in doc["topics"].items()}
+                for node, epoch, kind, *marks in doc.get("marks", []):
                     out.marks.setdefault((str(node), int(epoch), str(kind)), Mark()).merge(Mark.from_list(marks))
-            except (OSError, ValueError, TypeError) as exc:
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
                 log.warning("%s: unreadable de-duplication marks (%s); their records may be kept twice", path, exc)
         return out

@@ -227,6 +227,7 @@ class StreamProcessor:
         # committed (commit thread); both read back from the lake on assignment.
         self._seen = SeqLedger()
         self._durable = SeqLedger()
+        self._topic_ids: dict[str, str] = {}  # topic -> the broker's id the offsets here refer to
 
     # -- lifecycle
 
@@ -284,6 +285,7 @@ class StreamProcessor:
                     time.sleep(0.5)
                     continue
                 self._check_fatal()
+                batch = self._new_logs(batch)
                 now = time.monotonic()
                 with self._lock:
                     if batch:
@@ -500,7 +502,8 @@ class StreamProcessor:
             except BusError as exc:
                 log.warning("dead letters not confirmed by the bus (kept in the lake): %s", exc)
         touched = self._durable.add_all(t for p in pending.values() for t in p.seqs)
-        self._durable.write(self.lake.root, commit_id, touched)  # before the manifest: named by its commit id
+        # before the manifest: named by its commit id, it counts only once the manifest does
+        self._durable.write(self.lake.root, commit_id, touched, dict(self._topic_ids))
         self.catalog.commit(commit_id, manifest)
         self.stats.committed(dict(rows), dead)
         for kind, quarantine, unknown in decoded_reports:
@@ -520,6 +523,31 @@ class StreamProcessor:
             for key in revoked:
                 self._assigned.discard(key)
                 self._next_offset.pop(key, None)
+
+    def _current_topic_ids(self) -> dict[str, str]:
+        ids = getattr(self._fetch, "topic_ids", None)
+        return ids() if ids is not None else {}
+
+    def _new_logs(self, batch: dict[Key, list[Any]]) -> dict[Key, list[Any]]:
+        """A topic the broker created again (new id): commit what its old log gave, read the new log
+        from its start, and drop what this poll fetched from it at the old position."""
+        current = self._current_topic_ids()
+        changed = {t for t, tid in current.items() if self._topic_ids.get(t, tid) != tid}
+        if not changed:
+            if current.keys() - self._topic_ids.keys():
+                self._topic_ids.update(current)
+            return batch
+        with self._lock:
+            self.flush(confirm_dead_letters=False)  # the old logs' records, under the old ids
+            self._topic_ids.update(current)
+            keys = [k for k in self._assigned if k[0] in changed]
+            for key in keys:
+                self._next_offset.pop(key, None)
+            rewind = getattr(self._fetch, "rewind", None)
+            if rewind is not None:
+                rewind(keys)
+        log.warning("topics created again (the broker lost them): %s read from their start", ", ".join(sorted(changed)))
+        return {k: v for k, v in batch.items() if k[0] not in changed}
 
     def _on_offsets_reset(self, reset: list[Key]) -> None:
         """stream.bus: the broker lost these partitions' logs (a memory-only broker restarted); they are
@@ -549,8 +577,14 @@ class StreamProcessor:
             self._durable = SeqLedger.load(self.lake.root, self.catalog.commit_ids())
             self._seen = self._durable.copy()
             positions = self.catalog.next_offsets()
+            current = self._current_topic_ids()
+            recreated = {t for t, tid in current.items() if self._durable.topic_ids.get(t, tid) != tid}
+            if recreated:
+                log.warning("topics created again since the last commit (the broker lost them): %s read from "
+                            "their start", ", ".join(sorted(recreated)))
+            self._topic_ids = {**self._durable.topic_ids, **current}
             for key in assigned:
-                out[key] = self._next_offset[key] = positions.get(key)
+                out[key] = self._next_offset[key] = None if key[0] in recreated else positions.get(key)
                 self._assigned.add(key)
             self._ever_assigned = True
             self.last_message_at = time.monotonic()  # idle time counts from here, not from start-up
