@@ -58,7 +58,7 @@ CHECKPOINT_S = 0.5  # follower positions are saved at most this often (a wake-up
 REPLAYED_KINDS = ("kernel", "nccl", "steps")  # records of followed files: read again from a saved position
 SEQ_STATE_KEY = "~seq"  # in positions.json: kind -> [epoch, seq] at the saved positions
 TOPIC_IDS_KEY = "~topics"  # in positions.json: kind -> the broker's topic id last acknowledged
-MIN_TICK_GAP_S = 0.1  # a stream of writes wakes the loop at most this often (a burst is one tick)
+MAX_TICK_GAP_S = 0.5  # while writes keep coming, ticks are min(tick_s, this) apart (the first is at once)
 STOP_CHECK_S = 0.5  # the wait looks at the stop event this often (run_for's timer sets it from another thread)
 # Keyword arguments written before sources were plugins: (source, option) each sets.
 _SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", "path"),
@@ -161,6 +161,8 @@ class Agent:
         self.ship_ordinary = ac.ship_ordinary_lines
         self._next_metrics = self._next_checkpoint = self._last_tick = 0.0
         self._loop_thread: int | None = None
+        self.ticks = 0
+        self._event_tick = False  # the last wake-up came from a source's descriptor
         self._wake_r = self._wake_w = -1  # the loop's self-pipe, opened by run()
 
     @property
@@ -270,7 +272,8 @@ class Agent:
                 "spool": {"records_spooled": self.spool.spooled_records, "records_replayed": self.spool.replayed_records,
                           "bytes": self.spool.bytes, "dropped_records": self.spool.dropped_records,
                           "dropped_bytes": self.spool.dropped_bytes, "max_bytes": self.spool.max_bytes},
-                "sent": self.delivery.sent, "last_bus_error": self.delivery.last_error}
+                "sent": self.delivery.sent, "send_requests": self.delivery.requests, "ticks": self.ticks,
+                "resends": self.delivery.resends, "last_bus_error": self.delivery.last_error}
 
     # ------------------------------------------------------------------ start
     def _start_metrics(self) -> None:
@@ -354,8 +357,11 @@ class Agent:
     def _wait(self, stop: threading.Event, timeout: float) -> None:
         """Block until a source's descriptor is readable, ``wake()``, ``stop`` or ``timeout``.
 
-        A burst of writes is one wake-up: a tick that follows another within
-        ``MIN_TICK_GAP_S`` waits out the rest of that gap first.
+        The first change after a quiet spell is read at once. While changes keep coming
+        (the tick before was woken by one too), ticks are ``min(tick_s, MAX_TICK_GAP_S)``
+        apart: each wake-up of a sleeping process costs about as much as reading a few
+        hundred lines (benchmarks/agent_overhead.py), so a busy log is read in batches,
+        as often as the polling agent read it.
         """
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
@@ -377,9 +383,12 @@ class Agent:
                     except (BlockingIOError, OSError):
                         pass
                 since = time.monotonic() - self._last_tick
-                if since < MIN_TICK_GAP_S:
-                    stop.wait(MIN_TICK_GAP_S - since)
+                gap = min(self.tick_s, MAX_TICK_GAP_S)
+                if self._event_tick and since < gap:
+                    stop.wait(gap - since)  # a stream of writes: read in batches, as often as the polling agent did
+                self._event_tick = True
                 return
+        self._event_tick = False
 
     def _holding_a_record(self) -> bool:
         """A source holds a parsed record open, waiting to see if the next line continues it."""
@@ -404,6 +413,7 @@ class Agent:
     def tick(self, now: float) -> None:
         """One round: every source in its configured order, then delivery."""
         self._last_tick = now
+        self.ticks += 1
         for source in self._sources:
             source.poll(now)
         self.delivery.pump()

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -46,24 +47,29 @@ _HAS_MAGIC = re.compile(r"[*?\[]")
 
 
 class ChangeWatch:
-    """inotify on directories: ``fileno()`` is readable after something in them changed.
+    """inotify: ``fileno()`` is readable after a followed file grew or its directory changed.
 
-    Directories, not files: a rotated or newly created file is seen, and one watch
-    covers every file of a glob in that directory. ``drain()`` reads the pending events
-    (the descriptor stays readable until it is called) and says whether one created or
-    moved a file (the follower then looks for new files at once).
+    Two kinds of watch: each followed file for ``IN_MODIFY`` (other files' writes in a busy
+    directory such as /var/log do not wake the agent), and the directories of the pattern
+    for files created, moved or deleted (rotation, a new file of a glob). ``drain()`` reads
+    the pending events (the descriptor stays readable until then) and says whether one
+    was about the directory (the follower then looks for new files at once). Events are
+    read as raw bytes: a busy log gives a few hundred a second.
     """
 
-    MASK = 0
+    _EVENT = struct.Struct("iIII")  # wd, mask, cookie, name length (struct inotify_event)
 
     def __init__(self) -> None:
         from inotify_simple import INotify, flags
 
-        self._flags = flags
-        self.mask = (flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
-                     | flags.CLOSE_WRITE | flags.ONLYDIR)
+        self.file_mask = int(flags.MODIFY)
+        self.dir_mask = int(flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE | flags.ONLYDIR)
+        self._dir_events = int(flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE | flags.IGNORED
+                               | flags.Q_OVERFLOW)
+        self._ignored = int(flags.IGNORED)
         self._ino = INotify(nonblocking=True)
-        self._watched: dict[str, int] = {}
+        self._fd = int(self._ino.fileno())
+        self._dirs: dict[str, int] = {}
         self.errors = 0
 
     @classmethod
@@ -75,30 +81,45 @@ class ChangeWatch:
             return None
 
     def fileno(self) -> int:
-        return int(self._ino.fileno())
+        return self._fd
 
-    def watch(self, directory: str) -> None:
-        """Watch ``directory`` (again: no-op); one that does not exist yet is left to the rescans."""
-        if directory in self._watched:
-            return
+    def watch_dir(self, directory: str) -> None:
+        """Watch ``directory`` for new, moved and deleted files (again: no-op); a missing one is left to the rescans."""
+        if directory not in self._dirs:
+            try:
+                self._dirs[directory] = self._ino.add_watch(directory, self.dir_mask)
+            except OSError:
+                self.errors += 1  # missing, unreadable, or out of watches: the rescan still finds files
+
+    def watch_file(self, path: str) -> None:
+        """Watch ``path`` (the inode it names now) for writes."""
         try:
-            self._watched[directory] = self._ino.add_watch(directory, self.mask)
+            self._ino.add_watch(path, self.file_mask)
         except OSError:
-            self.errors += 1  # missing, unreadable, or out of watches: the rescan still finds files
+            self.errors += 1
 
     def drain(self) -> bool:
-        """Read the pending events; True when one created, moved or deleted a file."""
+        """Read the pending events; True when one was about a directory (a file created, moved, deleted)."""
+        data = bytearray()
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                return False
+            if not chunk:
+                break
+            data += chunk
         new = False
-        try:
-            events = self._ino.read(timeout=0)
-        except (BlockingIOError, OSError):
-            return False
-        f = self._flags
-        for ev in events:
-            if ev.mask & (f.CREATE | f.MOVED_TO | f.MOVED_FROM | f.DELETE | f.IGNORED):
+        off, size, ev = 0, len(data), self._EVENT
+        while off + ev.size <= size:
+            wd, mask, _cookie, name_len = ev.unpack_from(data, off)
+            off += ev.size + name_len
+            if mask & self._dir_events:
                 new = True
-            if ev.mask & f.IGNORED:  # the directory went away: watch it again when it is back
-                self._watched = {d: w for d, w in self._watched.items() if w != ev.wd}
+                if mask & self._ignored:  # a watched directory went away: watch it again once it is back
+                    self._dirs = {d: w for d, w in self._dirs.items() if w != wd}
         return new
 
     def close(self) -> None:
@@ -178,6 +199,8 @@ class FileFollower:
             pos = st.st_size
         fh.seek(pos)
         self._files[path] = _File(path, fh, st.st_ino, pos)
+        if self._watch is not None:
+            self._watch.watch_file(path)
 
     def _error(self, msg: str) -> None:
         self.errors += 1
@@ -200,12 +223,12 @@ class FileFollower:
         if rescan or now - self._last_scan >= self.rescan_interval_s or self._first:
             self._last_scan = now
             if w is not None:
-                w.watch(_static_dir(self.pattern))
+                w.watch_dir(_static_dir(self.pattern))
             for p in self._paths():
                 if p not in self._files:
                     self._open(p, self.from_end and self._first)
                     if w is not None:
-                        w.watch(os.path.dirname(p) or ".")
+                        w.watch_dir(os.path.dirname(p) or ".")
             self._first = False
         out: list[str] = []
         for path in list(self._files):

@@ -355,6 +355,7 @@ class Delivery:
         self._next_try = 0.0
         self._backoff = retry_min_s
         self.sent = 0
+        self.requests = 0  # sends (each one produce request or a few: kafka-python's CPU goes by these)
         self.failures = 0
         self.last_error: str | None = None
 
@@ -487,6 +488,7 @@ class Delivery:
     def _send(self, entries: list[Entry]) -> int:
         """Send and flush; how many leading entries are known delivered."""
         self._last_send = time.monotonic()
+        self.requests += 1
         futures = []
         try:
             for e in entries:
