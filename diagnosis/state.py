@@ -52,7 +52,7 @@ MARK_KEY = "~mark"
 # A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
-                    "counters"})
+                    "counters", "routed_job"})  # routed_job: set from the job's key by EngineFactory
 DYNAMIC = ("book", "counters._gpus", "counters._present", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
            "_evicted", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
 
