@@ -279,13 +279,6 @@ class Spool:
                 self._write_cursor()
             return dropped
 
-    def take_all(self) -> list[Entry]:
-        """Every entry waiting, removed from the spool (the retained log handing its records back for a resend)."""
-        entries, cursor = self.peek(1 << 62)
-        if entries:
-            self.commit(cursor, 0)
-        return entries
-
     def close(self) -> None:
         with self._lock:
             if self._writer is not None:
@@ -579,7 +572,6 @@ class Delivery:
         first, so they go before anything new); the processor drops those the lake already has."""
         assert self.retained is not None
         self.retained.drop_older_than(time.time() - self.retain_s)
-        again = self.retained.take_all()
         if self.on_lost is not None:
             try:
                 self.on_lost()  # queues what must be published again (topologies): it goes first
@@ -587,12 +579,19 @@ class Delivery:
                 log.exception("republishing after a broker loss failed")
         with self._qlock:
             fresh, self._queue = self._queue, []
-        again = fresh + again
+        self.spool.append(fresh)
+        n = len(fresh)
+        while True:  # in chunks: the window may hold more than is wise to load at once
+            chunk, cursor = self.retained.peek(self.batch_records)
+            if not chunk:
+                break
+            self.spool.append(chunk)
+            self.retained.commit(cursor, 0)
+            n += len(chunk)
         self.resends += 1
-        self.resent_records += len(again)
-        log.warning("the broker lost records it had acknowledged (a partition's offsets went back): "
-                    "resending the %d records of the last %.0f s", len(again), self.retain_s)
-        self.spool.append(again)
+        self.resent_records += n
+        log.warning("the broker lost records it had acknowledged (its topic ids changed or a partition's offsets "
+                    "went back): resending the %d records of the last %.0f s", n, self.retain_s)
 
     def trim_retained(self) -> None:
         """Forget sent records older than ``retain_s`` (the agent calls this now and then)."""
