@@ -81,14 +81,45 @@ def child(args: argparse.Namespace) -> None:
     agent = Agent(cfg, bootstrap=args.bootstrap, node="gpu-n1", nvml_backend=EightGpus(), kernel_source=args.kernel,
                   nccl_glob=args.nccl, sources=("nvml", "kernel", "nccl"), tick_s=args.tick)
     print("ready", flush=True)
-    rep = agent.run_for(args.seconds)
-    print(json.dumps({"sent": rep["sent"], "spooled": rep["spool"]["records_spooled"],
+    if os.environ.get("FAULTLENS_BENCH_THREADS"):  # CPU of the loop's parts
+        spent: dict[str, float] = {}
+
+        def timed(name: str, fn):  # noqa: ANN001, ANN202
+            def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+                t = time.thread_time()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    spent[name] = spent.get(name, 0.0) + time.thread_time() - t
+            return wrapper
+
+        agent.tick = timed("tick", agent.tick)
+        if hasattr(agent, "_wait"):
+            agent._wait = timed("wait", agent._wait)
+        agent.delivery.pump = timed("pump", agent.delivery.pump)
+        import atexit
+
+        atexit.register(lambda: print("spent", {k: round(v, 3) for k, v in spent.items()}, file=sys.stderr))
+    if os.environ.get("FAULTLENS_BENCH_PROFILE"):  # where the agent's CPU goes (cProfile stats to this file)
+        import cProfile
+
+        prof = cProfile.Profile()
+        rep = prof.runcall(agent.run_for, args.seconds)
+        prof.dump_stats(os.environ["FAULTLENS_BENCH_PROFILE"])
+    else:
+        rep = agent.run_for(args.seconds)
+    print(json.dumps({"sent": rep["sent"], "requests": rep.get("send_requests"), "ticks": rep.get("ticks"), "spooled": rep["spool"]["records_spooled"],
                       "kernel_lines": rep["sources"]["kernel"]["lines"], "nccl_lines": rep["sources"]["nccl"]["lines"],
                       "ordinary": sum(s.get("ordinary_lines", 0) for s in rep["sources"].values())}), flush=True)
 
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s_path(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -150,6 +181,10 @@ def measure(args: argparse.Namespace, mode: str, seconds: float) -> dict:
             time.sleep(max(0.0, next_t - time.monotonic()))
         cpu1 = _cpu_s(proc.pid)
         wall = time.monotonic() - w0
+        if os.environ.get("FAULTLENS_BENCH_THREADS"):  # CPU seconds per thread of the agent
+            for task in sorted(Path(f"/proc/{proc.pid}/task").iterdir()):
+                print("thread", task.name, (task / "comm").read_text().strip(), round(_cpu_s_path(task / "stat"), 2),
+                      file=sys.stderr)
         hwm = _status_kb(proc.pid, "VmHWM")
         out, _ = proc.communicate(timeout=60)
     res = json.loads(out.strip().splitlines()[-1])
@@ -190,7 +225,8 @@ def main() -> None:
         print(f"{label:<40}" + "".join(f"{fmt.format(r[key]):>14}" for r in results))
     head = results[0]
     out = {"bench": "agent_overhead", "cpu_pct_one_core": round(head["cpu_pct"], 2), "rss_peak_mb": round(head["rss_mb"], 1),
-           "lines_per_s": args.rate, "gpus": 8, "nvml_hz": 1.0, "records_sent": head["sent"], "mode": head["mode"]}
+           "lines_per_s": args.rate, "gpus": 8, "nvml_hz": 1.0, "records_sent": head["sent"], "mode": head["mode"],
+           "send_requests": head.get("requests"), "loop_ticks": head.get("ticks"), "load_avg_1m": os.getloadavg()[0]}
     for r in results[1:]:
         out[f"{r['mode']}_cpu_pct_one_core"] = round(r["cpu_pct"], 2)
         out[f"{r['mode']}_rss_peak_mb"] = round(r["rss_mb"], 1)

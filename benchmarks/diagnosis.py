@@ -145,7 +145,10 @@ def online_latency(trials: int, *, through_agent: bool = False) -> dict:
                                           max_evicted_fraction=1.0))
         ensure_topics(bus, broker.bootstrap)
         service = DiagnosisService(config, bootstrap=broker.bootstrap, poll_timeout_ms=20, from_beginning=True).start()
-        out = Consumer(bus, ["actions"], group_id=None, bootstrap=broker.bootstrap, from_beginning=False)
+        # The measuring consumer must not add its own wait: kafka-python asks the broker to hold an empty
+        # fetch up to fetch_max_wait_ms (500 ms by default), the diagnosis consumers ask for 20 ms.
+        out = Consumer(bus, ["actions"], group_id=None, bootstrap=broker.bootstrap, from_beginning=False,
+                       fetch_max_wait_ms=10)
         producer = Producer(bus, broker.bootstrap, linger_ms=0)
         try:
             for i in range(trials + 1):

@@ -24,12 +24,14 @@ At the end, with everything drained and stopped by SIGTERM, it counts:
     nice python benchmarks/soak.py --quick   # 4 agents, 3 kills each, ~2-3 min
     nice python benchmarks/soak.py           # 4 agents, 10 kills each, ~6 min
 
-Records the broker held but no consumer had read when it was killed are gone (memory
-storage); the agents' spools cover only what they had not handed over. The report
-says what that costs. The broker also forgets the jobs topic (topologies) and the
-diagnosis changelog: after each broker restart this script publishes the job
-topologies again, as a launcher hook would (``--no-republish-jobs``: don't; real Kafka
-keeps them). Last line: one JSON object.
+The broker keeps everything in memory: a kill loses what it held. Each agent keeps what
+it sent for ``agent.resend_window_s`` and sends it all again when a produce answer shows
+the broker's offsets went back; the stream processor keeps each record once (natural
+key: node, agent epoch, seq; stream/dedupe.py). The broker also forgets the jobs topic
+(topologies) and the diagnosis changelog: each agent publishes its job's topology from
+the launcher's job.json (``--job-file``) at start and again after such a loss
+(``--republish-jobs``: this script publishes them as well after each broker restart, the
+old launcher-hook stand-in). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -207,6 +209,18 @@ def ledger_figures(path: Path) -> dict[str, Any]:
             "run_twice": sorted(a for a, st in finals.items() if len(st) > 1)}
 
 
+def runner_log_actions(path: Path) -> dict[str, tuple[str, str]]:
+    """action id -> (job, type) from the dry-run runner's log lines ("action act-X: would evict_nodes ... for job J")."""
+    import re
+
+    pat = re.compile(r"action (act-[0-9a-f]+): would (\w+) .*?for job (\S+)")
+    out: dict[str, tuple[str, str]] = {}
+    if path.exists():
+        for m in pat.finditer(path.read_text(errors="replace")):
+            out[m.group(1)] = (m.group(3), m.group(2))
+    return out
+
+
 def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 kills each, shorter sequence (~2-3 min)")
@@ -216,9 +230,9 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap.add_argument("--nodes", type=int, default=5, help="virtual nodes = agents (4 jobs of 1 plus a spare by default)")
     ap.add_argument("--speed", type=float, default=8.0, help="simulated seconds per real second")
     ap.add_argument("--segment", type=float, default=None, help="simulated seconds per job's fault segment")
-    ap.add_argument("--no-republish-jobs", dest="republish_jobs", action="store_false",
-                    help="do not publish the jobs' topologies again after a broker restart (the embedded broker "
-                         "forgets them; real Kafka keeps the compacted jobs topic)")
+    ap.add_argument("--republish-jobs", action="store_true",
+                    help="this script publishes the jobs' topologies too, at start and after each broker restart "
+                         "(by default only the agents do: --job-file)")
     ap.add_argument("--workdir", default=None, help="keep everything here (default: a temporary directory)")
     args = ap.parse_args()
     kills = args.kills if args.kills is not None else (0 if args.smoke else 3 if args.quick else 10)
@@ -270,9 +284,11 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                   "--kernel-log", str(seg / "nodes" / node / "kernel.log"),
                   "--nccl-glob", str(seg / "nodes" / node / "nccl" / "*.log"),
                   "--steps-glob", str(seg / "steps" / f"{node}.jsonl"),
+                  "--job-file", str(seg / "job.json"),
                   "--spool-dir", str(work / "spool" / node))
-    publish_topologies(config, broker.bootstrap, scenarios)
-    time.sleep(3 if args.smoke else 8)  # group joins: the services read from the start, but let the agents settle
+    if args.republish_jobs:
+        publish_topologies(config, broker.bootstrap, scenarios)
+    time.sleep(3 if args.smoke else 8)  # group joins: the services read from the start, but let the agents settle on their files
 
     # Kill schedule: agent, processor, broker in turn, evenly over the sequence (not in its last tenth).
     roles = ["agent", "stream", "broker"]
@@ -311,8 +327,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
                     broker.kill()
                     time.sleep(0.5)
                     broker.start()
-                    if args.republish_jobs:  # the jobs topic went with the broker's memory
-                        ensure_topics(config.bus, broker.bootstrap)
+                    ensure_topics(config.bus, broker.bootstrap)  # a real Kafka keeps its topics
+                    if args.republish_jobs:  # the jobs topic went with the broker's memory; the agents republish
                         publish_topologies(config, broker.bootstrap, scenarios)
                 done_kills[role] += 1
                 ev += 1
@@ -355,9 +371,20 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ledger = ledger_figures(work / "runner-ledger.jsonl")
     by_job: dict[tuple[str, str], list[str]] = {}
     for a in fig.get("actions", []):
-        by_job.setdefault((a["job"], a["type"]), []).append(a["id"])
+        ids = by_job.setdefault((a["job"], a["type"]), [])
+        if a["id"] not in ids:
+            ids.append(a["id"])
     expected = {(sc.cluster.job, EXPECTED[sc.spec.faults[0].kind]) for sc in scenarios if sc.spec.faults[0].kind in EXPECTED}
     handled = set(ledger["handled"])
+    # An action the runner handled whose record the lake lacks (the broker died before the stream
+    # processor read it: diagnosis does not send its outputs again): its job and type as the runner
+    # logged them, and counted apart.
+    in_lake = {a["id"] for a in fig.get("actions", [])}
+    said = runner_log_actions(work / "logs" / "runner.log")
+    not_in_lake = sorted(handled - in_lake)
+    for aid in not_in_lake:
+        if aid in said:
+            by_job.setdefault(said[aid], []).append(aid)
     taken = {k for k, ids in by_job.items() if handled & set(ids)}
     st, kt, nt = fig.get("steps", {}), fig.get("kernel", {}), fig.get("nccl", {})
     result = {
@@ -372,7 +399,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
         "actions": {"expected": len(expected), "taken": len(taken & expected), "missing": sorted(map(list, expected - taken)),
                     "unexpected": sorted(map(list, set(by_job) - expected)),
                     "duplicate": sum(len(ids) - 1 for ids in by_job.values()), "run_twice": len(ledger["run_twice"]),
-                    "ledger_handled": len(handled)},
+                    "ledger_handled": len(handled), "handled_not_in_lake": not_in_lake},
         "peak_rss_mb": {**{r: round(kb / 1024, 1) for r, kb in sorted(svc.peak_kb.items())},
                         "broker": round(broker_peak / 1024, 1)},
         "crashes": crashes,  # exits on their own during the sequence (each restarted)
@@ -386,7 +413,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     console.print(f"Xid lines: sent {x['sent']}, in the lake {x['lake_distinct']}: lost {x['lost']}; "
                   f"duplicated rows kernel {result['kernel_duplicated']}, nccl {result['nccl_duplicated']}")
     console.print(f"actions: expected {a['expected']}, taken {a['taken']}, duplicate {a['duplicate']}, "
-                  f"run twice {a['run_twice']}, missing {a['missing']}, unexpected {a['unexpected']}")
+                  f"run twice {a['run_twice']}, missing {a['missing']}, unexpected {a['unexpected']}; "
+                  f"handled but not in the lake {a['handled_not_in_lake'] or 'none'}")
     console.print(f"crashes (restarted): {crashes or 'none'}; exit codes after SIGTERM: {codes}")
     console.print("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in result["peak_rss_mb"].items()))
     print(json.dumps(result))

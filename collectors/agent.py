@@ -26,9 +26,11 @@ everyday log volume costs almost nothing; recognised records are always shipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -39,7 +41,7 @@ from typing import Any
 
 from faultlens.collectors.follow import RECORD_QUIET_S
 from faultlens.collectors.sources import Source, source_factory
-from faultlens.collectors.spool import Delivery, Spool
+from faultlens.collectors.spool import Delivery, Entry, Spool
 from faultlens.config import Config
 from faultlens.errors import BusError
 from faultlens.signatures import is_ordinary
@@ -52,9 +54,24 @@ log = logging.getLogger(__name__)
 StacksProvider = Callable[[str, str, str], list[StackDump]]  # (job, node, request_id) -> dumps
 PERIODIC_KINDS = ("gpu", "steps")  # telemetry that comes every second anyway: never urgent (a lost GPU is)
 METRICS_S = 1.0  # gauges that mirror counters are refreshed this often, not every tick
+CHECKPOINT_S = 0.5  # follower positions are saved at most this often (a wake-up per write would write a file each)
+REPLAYED_KINDS = ("kernel", "nccl", "steps")  # records of followed files: read again from a saved position
+SEQ_STATE_KEY = "~seq"  # in positions.json: kind -> [epoch, seq] at the saved positions
+TOPIC_IDS_KEY = "~topics"  # in positions.json: kind -> the broker's topic id last acknowledged
+MAX_TICK_GAP_S = 0.5  # while writes keep coming, ticks are min(tick_s, this) apart (the first is at once)
+STOP_CHECK_S = 0.5  # the wait looks at the stop event this often (run_for's timer sets it from another thread)
 # Keyword arguments written before sources were plugins: (source, option) each sets.
 _SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", "path"),
                "nccl_glob": ("nccl", "glob"), "steps_glob": ("steps", "glob"), "stacks_provider": ("stacks", "provider")}
+
+
+@functools.cache
+def _recognised_kinds() -> frozenset[str]:
+    """Kernel and NCCL record kinds the catalogs name (``[[kind]]``): fault lines, sent at once."""
+    from faultlens.collectors.kernel import kernel_kinds
+    from faultlens.collectors.nccl import nccl_kinds
+
+    return frozenset(k.name for t in (kernel_kinds(), nccl_kinds()) for k in t.kinds)
 
 
 @dataclass
@@ -131,7 +148,10 @@ class Agent:
         self._metrics_server: Any = None
         self._extra_metrics: dict[str, Any] = {}
         self.delivery = Delivery(self._producer, self.spool, on_sent=self._on_sent,
-                                 min_send_interval_s=ac.min_send_interval_s)
+                                 min_send_interval_s=ac.min_send_interval_s, source=self.node,
+                                 fault_send_interval_s=ac.fault_send_interval_s,
+                                 retained=Spool(Path(ac.spool_dir) / "sent", max_bytes=ac.spool_max_bytes),
+                                 retain_s=ac.resend_window_s, on_lost=self._on_broker_lost)
         self._sources: list[Source] = []
         self.gpu_map: dict[str, int] = {}  # PCI bus -> GPU index, from NVML; the kernel parser reads it
         self._stop = threading.Event()
@@ -139,7 +159,11 @@ class Agent:
         self._positions_path = Path(ac.spool_dir) / "positions.json"
         self._saved_positions: dict[str, Any] | None = None
         self.ship_ordinary = ac.ship_ordinary_lines
-        self._next_metrics = 0.0
+        self._next_metrics = self._next_checkpoint = self._last_tick = 0.0
+        self._loop_thread: int | None = None
+        self.ticks = 0
+        self._event_tick = False  # the last wake-up came from a source's descriptor
+        self._wake_r = self._wake_w = -1  # the loop's self-pipe, opened by run()
 
     @property
     def stop_event(self) -> threading.Event:
@@ -160,6 +184,14 @@ class Agent:
                         delivery_timeout_ms=15000, retries=2, bootstrap_timeout_ms=5000, reconnect_backoff_max_ms=2000,
                         metrics_enabled=False)
 
+    def _on_broker_lost(self) -> None:
+        """The broker lost records it had acknowledged (and so its topics): sources that publish
+        state (the ``jobs`` source's topology) publish it again."""
+        for src in self._sources:
+            republish = getattr(src, "republish", None)
+            if republish is not None:
+                republish()
+
     def _on_sent(self, kind: str, n: int) -> None:
         if self.metrics is not None:
             self.metrics.messages_produced.labels(topic=topics.topic(kind, self.config.bus.topic_prefix)).inc(n)
@@ -173,21 +205,27 @@ class Agent:
 
         Everything but periodic telemetry is urgent: a log record, a stack dump or a
         sample with a lost GPU goes at the next tick unless another urgent send went
-        within ``agent.min_send_interval_s`` (see ``Delivery``).
+        within ``agent.min_send_interval_s`` (see ``Delivery``). A recognised fault line
+        (a kernel or NCCL record of a catalog ``[[kind]]``: Xid, SXid, a watchdog
+        timeout...) goes at once, whatever went before.
         """
-        entries = []
-        urgent = False
+        entries: list[Entry] = []
+        urgent = immediate = False
         for record in records:
             kind = type(record).KIND
-            if kind in ("kernel", "nccl") and (record.ts <= 0 or time_bounds().problem(record.ts) is not None):
-                # No time, or one no reader accepts (another boot's uptime, a year guessed wrong): the
-                # agent's clock, marked estimated, rather than a dead letter downstream.
-                record = schema.replace(record, ts=self.clock(), fields={
-                    **record.fields, "ts_estimated": True, "ts_anchor": f"agent clock (line said {record.ts:.0f})"})
+            if kind in ("kernel", "nccl"):
+                if record.ts <= 0 or time_bounds().problem(record.ts) is not None:
+                    # No time, or one no reader accepts (another boot's uptime, a year guessed wrong): the
+                    # agent's clock, marked estimated, rather than a dead letter downstream.
+                    record = schema.replace(record, ts=self.clock(), fields={
+                        **record.fields, "ts_estimated": True, "ts_anchor": f"agent clock (line said {record.ts:.0f})"})
+                immediate = immediate or record.kind in _recognised_kinds()
             entries.append((kind, getattr(record, topics.KEY_FIELD[kind], None), encode_wire(record)))
             urgent = urgent or kind not in PERIODIC_KINDS or (kind == "gpu" and any(g.lost for g in record.gpus))
         if entries:
-            self.delivery.put_many(entries, urgent=urgent)
+            self.delivery.put_many(entries, urgent=urgent, immediate=immediate)
+            if urgent and self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+                self.wake()  # a source thread (NVML events, the commands consumer): send now, not at the next tick
 
     def say_once(self, key: str, level: int, msg: str, *args: Any) -> None:
         """Log ``msg`` the first time ``key`` is seen (a blind source says so once, not every tick)."""
@@ -237,7 +275,8 @@ class Agent:
                 "spool": {"records_spooled": self.spool.spooled_records, "records_replayed": self.spool.replayed_records,
                           "bytes": self.spool.bytes, "dropped_records": self.spool.dropped_records,
                           "dropped_bytes": self.spool.dropped_bytes, "max_bytes": self.spool.max_bytes},
-                "sent": self.delivery.sent, "last_bus_error": self.delivery.last_error}
+                "sent": self.delivery.sent, "send_requests": self.delivery.requests, "ticks": self.ticks,
+                "resends": self.delivery.resends, "last_bus_error": self.delivery.last_error}
 
     # ------------------------------------------------------------------ start
     def _start_metrics(self) -> None:
@@ -266,6 +305,15 @@ class Agent:
             positions = json.loads(self._positions_path.read_text())
         except (OSError, ValueError):
             pass
+        seqs = positions.get(SEQ_STATE_KEY)
+        if isinstance(seqs, dict):
+            try:
+                self.delivery.restore_seq_state({k: v for k, v in seqs.items() if k in REPLAYED_KINDS})
+            except (TypeError, ValueError):
+                log.warning("positions: unreadable record seqs; records read again get new keys")
+        tids = positions.get(TOPIC_IDS_KEY)
+        if isinstance(tids, dict):
+            self.delivery.topic_ids.update({str(k): str(v) for k, v in tids.items()})
         for name in self.sources:
             source = source_factory(name)(self, self.options.get(name, {}))
             self._sources.append(source)
@@ -273,9 +321,18 @@ class Agent:
 
     # ------------------------------------------------------------------ loop
     def run(self, stop: threading.Event | None = None) -> None:
-        """Run until ``stop`` is set; then deliver or spool what is left."""
+        """Run until ``stop`` is set; then deliver or spool what is left.
+
+        Event-driven: between ticks the loop blocks on the sources' descriptors (/dev/kmsg,
+        journalctl's pipe, the inotify watch of followed files) and wakes when one is
+        readable, when a record it holds or queued is due, or after ``tick_s`` at most.
+        """
         stop = stop or self._stop
         self._stop = stop
+        self._loop_thread = threading.get_ident()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._start_metrics()
         self._start_sources()
         ac = self.config.agent
@@ -287,9 +344,54 @@ class Agent:
                 if now >= next_health:
                     next_health = now + ac.health_interval_s
                     self.log_health()
-                stop.wait(RECORD_QUIET_S if self._holding_a_record() else self.tick_s)
+                timeout = RECORD_QUIET_S if self._holding_a_record() else self.tick_s
+                due = self.delivery.next_due_s()
+                self._wait(stop, timeout if due is None else min(timeout, due))
         finally:
             self.shutdown()
+
+    def wake(self) -> None:
+        """Make the loop tick now (a source thread emitted records; stop was asked)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: a wake-up is already pending
+
+    def _wait(self, stop: threading.Event, timeout: float) -> None:
+        """Block until a source's descriptor is readable, ``wake()``, ``stop`` or ``timeout``.
+
+        The first change after a quiet spell is read at once. While changes keep coming
+        (the tick before was woken by one too), ticks are ``min(tick_s, MAX_TICK_GAP_S)``
+        apart: each wake-up of a sleeping process costs about as much as reading a few
+        hundred lines (benchmarks/agent_overhead.py), so a busy log is read in batches,
+        as often as the polling agent read it.
+        """
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for src in self._sources:
+            fileno = getattr(src, "fileno", None)
+            fd = fileno() if fileno is not None else None
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready = poller.poll(min(left, STOP_CHECK_S) * 1000)
+            if ready:
+                if any(fd == self._wake_r for fd, _ in ready):
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except (BlockingIOError, OSError):
+                        pass
+                since = time.monotonic() - self._last_tick
+                gap = min(self.tick_s, MAX_TICK_GAP_S)
+                if self._event_tick and since < gap:
+                    stop.wait(gap - since)  # a stream of writes: read in batches, as often as the polling agent did
+                self._event_tick = True
+                return
+        self._event_tick = False
 
     def _holding_a_record(self) -> bool:
         """A source holds a parsed record open, waiting to see if the next line continues it."""
@@ -298,7 +400,12 @@ class Agent:
     def run_for(self, seconds: float) -> dict[str, Any]:
         """Run for ``seconds`` (tests, benchmarks); returns the final health report."""
         stop = threading.Event()
-        timer = threading.Timer(seconds, stop.set)
+
+        def end() -> None:
+            stop.set()
+            self.wake()
+
+        timer = threading.Timer(seconds, end)
         timer.start()
         try:
             self.run(stop)
@@ -308,13 +415,17 @@ class Agent:
 
     def tick(self, now: float) -> None:
         """One round: every source in its configured order, then delivery."""
+        self._last_tick = now
+        self.ticks += 1
         for source in self._sources:
             source.poll(now)
         self.delivery.pump()
-        self._checkpoint_positions()
+        if now >= self._next_checkpoint and self._checkpoint_positions():
+            self._next_checkpoint = now + CHECKPOINT_S
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_S
             self._update_metrics()
+            self.delivery.trim_retained()
 
     # ------------------------------------------------------------------ log sources
     def ship_log_lines(self, name: str, parser: Any, lines: list[str],
@@ -382,7 +493,7 @@ class Agent:
         m["spool_dropped"].set(self.spool.dropped_records)
         m["spool_spooled"].set(self.spool.spooled_records)
 
-    def _checkpoint_positions(self) -> None:
+    def _checkpoint_positions(self) -> bool:
         """Save the followers' positions once every record of the lines read so far is sent or spooled.
 
         A position saved while records of its lines still wait in memory loses them at a
@@ -391,11 +502,16 @@ class Agent:
         right after a delivery leaves nothing queued and no parser holds a record.
         """
         if self.delivery.pending() or self._holding_a_record():
-            return
+            return False
         self._save_positions()
+        return True
 
     def _save_positions(self) -> None:
-        state = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        """Positions, with the record seqs of the followed kinds at that point: an agent restarted
+        there reads the same lines again and stamps the same keys, so the lake drops the second copy."""
+        state: dict[str, Any] = {src.name: pos for src in self._sources if (pos := src.positions()) is not None}
+        state[SEQ_STATE_KEY] = self.delivery.seq_state(REPLAYED_KINDS)
+        state[TOPIC_IDS_KEY] = dict(self.delivery.topic_ids)
         if state == self._saved_positions:
             return
         self._saved_positions = state
@@ -419,4 +535,8 @@ class Agent:
                 log.warning("source %s: close failed: %s", src.name, exc)
         if self._metrics_server is not None:
             self._metrics_server.stop()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
         self.log_health()

@@ -12,8 +12,15 @@
 * ``JournalReader()`` runs ``journalctl -k -f -o json`` and turns each entry
   into a syslog-style line (collectors.kernel.parse_journal_entry).
 
-Each has ``poll() -> list[str]`` (never blocks) and ``close()``. The three share one
-module (a little over ~500 lines) because they share the decode and partial-line rules.
+Each has ``poll() -> list[str]`` (never blocks), ``fileno()`` (a descriptor that
+becomes readable when there is something to read, or None) and ``close()``. The
+agent's loop blocks on those descriptors (select), so a line is read when it is
+written, not at the next tick: /dev/kmsg and journalctl's pipe are readable
+themselves; files are watched with inotify (``ChangeWatch``, inotify_simple: the
+directories of the followed files, so rotation and new files wake it too). Without
+inotify (not Linux, no watches left) ``fileno()`` is None and the loop polls every
+``agent.tick_s``. The three share one module because they share the decode and
+partial-line rules.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from faultlens.collectors.kernel import parse_journal_entry
 from faultlens.collectors.sources import RESCAN_S, FollowedSource
@@ -38,10 +46,104 @@ MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut (counted in long_li
 _HAS_MAGIC = re.compile(r"[*?\[]")
 
 
+class ChangeWatch:
+    """inotify: ``fileno()`` is readable after a followed file grew or its directory changed.
+
+    Two kinds of watch: each followed file for ``IN_MODIFY`` (other files' writes in a busy
+    directory such as /var/log do not wake the agent), and the directories of the pattern
+    for files created, moved or deleted (rotation, a new file of a glob). ``drain()`` reads
+    the pending events (the descriptor stays readable until then) and says whether one
+    was about the directory (the follower then looks for new files at once). Events are
+    read as raw bytes: a busy log gives a few hundred a second.
+    """
+
+    _EVENT = struct.Struct("iIII")  # wd, mask, cookie, name length (struct inotify_event)
+
+    def __init__(self) -> None:
+        from inotify_simple import INotify, flags
+
+        self.file_mask = int(flags.MODIFY)
+        self.dir_mask = int(flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE | flags.ONLYDIR)
+        self._dir_events = int(flags.CREATE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE | flags.IGNORED
+                               | flags.Q_OVERFLOW)
+        self._ignored = int(flags.IGNORED)
+        self._ino = INotify(nonblocking=True)
+        self._fd = int(self._ino.fileno())
+        self._dirs: dict[str, int] = {}
+        self.errors = 0
+
+    @classmethod
+    def open(cls) -> ChangeWatch | None:
+        """A watch, or None where inotify is not available (the follower polls then)."""
+        try:
+            return cls()
+        except (ImportError, OSError, AttributeError):
+            return None
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def watch_dir(self, directory: str) -> None:
+        """Watch ``directory`` for new, moved and deleted files (again: no-op); a missing one is left to the rescans."""
+        if directory not in self._dirs:
+            try:
+                self._dirs[directory] = self._ino.add_watch(directory, self.dir_mask)
+            except OSError:
+                self.errors += 1  # missing, unreadable, or out of watches: the rescan still finds files
+
+    def watch_file(self, path: str) -> None:
+        """Watch ``path`` (the inode it names now) for writes."""
+        try:
+            self._ino.add_watch(path, self.file_mask)
+        except OSError:
+            self.errors += 1
+
+    def drain(self) -> bool:
+        """Read the pending events; True when one was about a directory (a file created, moved, deleted)."""
+        data = bytearray()
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                return False
+            if not chunk:
+                break
+            data += chunk
+        new = False
+        off, size, ev = 0, len(data), self._EVENT
+        while off + ev.size <= size:
+            wd, mask, _cookie, name_len = ev.unpack_from(data, off)
+            off += ev.size + name_len
+            if mask & self._dir_events:
+                new = True
+                if mask & self._ignored:  # a watched directory went away: watch it again once it is back
+                    self._dirs = {d: w for d, w in self._dirs.items() if w != wd}
+        return new
+
+    def close(self) -> None:
+        try:
+            self._ino.close()
+        except OSError:
+            pass
+
+
+def _static_dir(pattern: str) -> str:
+    """The deepest directory of a path or glob with no wildcard in it."""
+    parts = pattern.split(os.sep)
+    keep = []
+    for part in parts[:-1]:
+        if _HAS_MAGIC.search(part):
+            break
+        keep.append(part)
+    return os.sep.join(keep) or ("/" if pattern.startswith("/") else ".")
+
+
 @dataclass
 class _File:
     path: str
-    fh: object  # a binary file object
+    fh: BinaryIO
     inode: int
     pos: int = 0
     partial: bytearray = field(default_factory=bytearray)
@@ -54,10 +156,12 @@ class FileFollower:
     agent does not replay history); files that appear later are read from 0.
     """
 
-    def __init__(self, pattern: str, *, from_end: bool = False, rescan_interval_s: float = 2.0):
+    def __init__(self, pattern: str, *, from_end: bool = False, rescan_interval_s: float = 2.0,
+                 watch: bool = True):
         self.pattern = pattern
         self.from_end = from_end
         self.rescan_interval_s = rescan_interval_s
+        self._watch = ChangeWatch.open() if watch else None
         self._files: dict[str, _File] = {}
         self._restored: dict[str, tuple[int, int]] = {}
         self._last_scan = -1e18
@@ -95,6 +199,8 @@ class FileFollower:
             pos = st.st_size
         fh.seek(pos)
         self._files[path] = _File(path, fh, st.st_ino, pos)
+        if self._watch is not None:
+            self._watch.watch_file(path)
 
     def _error(self, msg: str) -> None:
         self.errors += 1
@@ -104,15 +210,25 @@ class FileFollower:
     def files(self) -> list[str]:
         return sorted(self._files)
 
+    def fileno(self) -> int | None:
+        """Readable once a watched directory changed (None: no inotify, poll on a timer)."""
+        return self._watch.fileno() if self._watch is not None else None
+
     # ------------------------------------------------------------------ reading
     def poll(self) -> list[str]:
         """Complete lines appended since the last poll, in file order (per file)."""
         now = time.monotonic()
-        if now - self._last_scan >= self.rescan_interval_s or self._first:
+        w = self._watch
+        rescan = w is not None and w.drain()
+        if rescan or now - self._last_scan >= self.rescan_interval_s or self._first:
             self._last_scan = now
+            if w is not None:
+                w.watch_dir(_static_dir(self.pattern))
             for p in self._paths():
                 if p not in self._files:
                     self._open(p, self.from_end and self._first)
+                    if w is not None:
+                        w.watch_dir(os.path.dirname(p) or ".")
             self._first = False
         out: list[str] = []
         for path in list(self._files):
@@ -224,6 +340,9 @@ class FileFollower:
             except OSError:
                 pass
         self._files.clear()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
 
 # --------------------------------------------------------------------------- /dev/kmsg
@@ -269,6 +388,12 @@ class KmsgReader:
         else:
             self._file = FileFollower(path, from_end=from_end)
             self._pending: list[bytes] = []
+
+    def fileno(self) -> int | None:
+        """The device (readable when a record is waiting), or the recorded file's watch."""
+        if self._fd is not None:
+            return self._fd
+        return self._file.fileno() if self._file is not None else None
 
     def poll(self) -> list[str]:
         out: list[str] = []
@@ -333,7 +458,7 @@ class JournalReader:
         exe = shutil.which("journalctl")
         if command is None and exe is None:
             raise NoData("journalctl not found")
-        self.command = command or [exe, "-k", "-f", "-o", "json", "-n", "0"]
+        self.command = command or [str(exe), "-k", "-f", "-o", "json", "-n", "0"]
         self.bad_entries = 0
         self._buf = bytearray()
         try:
@@ -342,6 +467,10 @@ class JournalReader:
             raise NoData(f"cannot run journalctl: {exc}") from None
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def fileno(self) -> int | None:
+        """journalctl's output pipe."""
+        return self.proc.stdout.fileno() if self.proc.stdout is not None and self.proc.returncode is None else None
 
     def poll(self) -> list[str]:
         exited = self.proc.poll() is not None  # checked before reading: what it wrote is read below
@@ -416,7 +545,11 @@ class LogSource(FollowedSource):
 
     def feed(self, lines: list[str], now: float) -> int:
         self._last_line = now
-        return self.agent.ship_log_lines(self.name, self.parser, lines, self._unparsed)
+        n = self.agent.ship_log_lines(self.name, self.parser, lines, self._unparsed)
+        close = getattr(self.parser, "close_single_line", None)
+        if close is not None:  # a fault line no continuation can follow (Xid, SXid): no quiet wait
+            n += self.agent.ship_parsed(self.name, self.parser, close())
+        return n
 
     def _unparsed(self, line: str, exc: Exception) -> Any:
         """A line the parser failed on, kept as an ``unparsed`` record with the reason."""

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, parse_journal_entry: public here too)
@@ -166,6 +167,7 @@ class KernelParser(FastPathParser):
         if c0 == "<":
             m = RFC5424_RE.match(line)
             if m:
+                ts: float | None
                 try:
                     ts = _iso_ts(*_split_iso(m.group(2)), self.tz)
                 except (ValueError, OverflowError):
@@ -215,7 +217,7 @@ class KernelParser(FastPathParser):
             m = ISO_RE.match(line)
             if m:
                 try:
-                    ts: float | None = _iso_ts(m.group(1), m.group(2), m.group(3), self.tz)
+                    ts = _iso_ts(m.group(1), m.group(2), m.group(3), self.tz)
                 except (ValueError, OverflowError):  # not a real date or offset (a mangled digit): no time
                     ts = None
                 rest = m.group(4)
@@ -304,6 +306,18 @@ class KernelParser(FastPathParser):
             self._last_ts = head.ts
         self._pending = _Pending(head, [line], [head.message.strip()], hot)
         return out
+
+    def close_single_line(self) -> list[KernelEvent]:
+        """The open record, now, when it is one line of a kind that has no continuation lines
+        (``single_line`` in kernel.toml: Xid, SXid): the agent ships a fault line as soon as
+        it is read instead of waiting for the next line or a quiet spell."""
+        p = self._pending
+        if p is None or not p.hot or self._cold or len(p.lines) != 1:
+            return []
+        kind = self.kinds.match(p.messages[0])[0]
+        if kind not in self.kinds.single_line_kinds:
+            return []
+        return self._flush()
 
     def flush(self) -> list[KernelEvent]:
         """The record still open (held ordinary lines are settled and left out)."""
@@ -514,10 +528,10 @@ class KernelParser(FastPathParser):
         )
 
 
-from faultlens.collectors.sources import register_source  # noqa: E402 - the agent's source registry
+from faultlens.collectors.sources import AgentServices, Source, register_source  # noqa: E402 - the agent's source registry
 
 
-def _agent_source(agent: object, options: dict[str, object]) -> object:
+def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
     """The agent's ``kernel`` source: the kernel log followed (collectors/follow.py), parsed here."""
     from faultlens.collectors.follow import kernel_log_source
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from faultlens.collectors.container_logs import unwrap_container
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
@@ -328,9 +329,9 @@ class NcclParser(FastPathParser):
                 c = first.content
                 if first.level == "WARN" or first.level == "ERROR":
                     kind = "nccl_warn"
-                elif RETURN_RE.search(c):
+                elif (ret := RETURN_RE.search(c)) is not None:
                     kind = "nccl_return"
-                    fields["return_code"] = to_int(RETURN_RE.search(c).group(1))
+                    fields["return_code"] = to_int(ret.group(1))
                 else:
                     kind = "nccl_info"
         rank = first.rank
@@ -358,10 +359,10 @@ class NcclParser(FastPathParser):
         )
 
 
-from faultlens.collectors.sources import register_source  # noqa: E402 - the agent's source registry
+from faultlens.collectors.sources import AgentServices, Source, register_source  # noqa: E402 - the agent's source registry
 
 
-def _agent_source(agent: object, options: dict[str, object]) -> object:
+def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
     """The agent's ``nccl`` source: NCCL/torch logs followed (collectors/follow.py), parsed here."""
     from faultlens.collectors.follow import nccl_log_source
 

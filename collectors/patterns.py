@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,7 @@ class KindPattern:
     name: str
     any: tuple[str, ...]
     regex: re.Pattern[str]
+    single_line: bool = False  # the format has no continuation lines: the record is complete at its line
 
     def search(self, text: str) -> re.Match[str] | None:
         for s in self.any:
@@ -53,6 +54,11 @@ class KindTable:
     prefilter: re.Pattern[str]
     ordinary_kinds: frozenset[str] = frozenset({"other"})
     noteworthy_any: tuple[str, ...] = ()
+
+    @property
+    def single_line_kinds(self) -> frozenset[str]:
+        """Kinds whose printed form has no continuation lines (``single_line = true``)."""
+        return frozenset(k.name for k in self.kinds if k.single_line)
 
     def words(self) -> list[str]:
         """Every substring (lower case) that can make a line anything but ordinary."""
@@ -94,7 +100,10 @@ def load_kind_table(path: Path) -> KindTable:
         if name in seen:
             name = f"{name}"  # several entries may share a kind name; order still decides
         seen.add(name)
-        kinds.append(KindPattern(name, tuple(subs), rx))
+        single = entry.get("single_line", False)
+        if not isinstance(single, bool):
+            raise CatalogError("`single_line` must be true or false", file=str(path), entry=name)
+        kinds.append(KindPattern(name, tuple(subs), rx, single))
     if not kinds:
         raise CatalogError("no [[kind]] entries", file=str(path))
     ordinary = data.get("ordinary", {})
@@ -198,7 +207,8 @@ class HotFilter:
         ends = [end - 1 for _, _, end in self._find(low)]
         ends += [m.start() for r in self._patterns for m in r.finditer(low)]
         ends += [m.start() for r in self._raw for m in r.finditer(raw)]
-        screened = [(m.start(), rx) for screen, rx in self._anchored for m in screen.finditer(low)]
+        screened: list[tuple[int, Callable[[str], object] | None]] = [
+            (m.start(), rx) for screen, rx in self._anchored for m in screen.finditer(low)]
         odd = not raw.replace("\n", "").isprintable()
         if not (ends or screened or odd):
             return []
@@ -206,7 +216,8 @@ class HotFilter:
         # rather than a Python-level table of every line's start.
         hot: set[int] = set()
         at, line_no = 0, -1  # the leading "\n" is line 0's
-        for p, rx in sorted([(p, None) for p in ends] + screened, key=lambda h: h[0]):
+        hits: list[tuple[int, Callable[[str], object] | None]] = [(p, None) for p in ends]
+        for p, rx in sorted(hits + screened, key=lambda h: h[0]):
             line_no += raw.count("\n", at, p + 1)
             at = p + 1
             if rx is None or (line_no not in hot and rx(lines[line_no].lower()) is not None):

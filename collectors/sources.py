@@ -55,7 +55,12 @@ class AgentServices(Protocol):
 
 @runtime_checkable
 class Source(Protocol):
-    """One input of the node agent. ``poll`` runs on the agent's loop thread every tick."""
+    """One input of the node agent. ``poll`` runs on the agent's loop thread every tick.
+
+    Optional: ``fileno() -> int | None``, a descriptor readable when the source has
+    something new (the agent's loop blocks on it between ticks: followed files, /dev/kmsg);
+    ``republish()``, called when the broker lost what it held (state a source publishes
+    once, such as the ``jobs`` source's topology, is sent again)."""
 
     name: str
 
@@ -156,6 +161,11 @@ class FollowedSource:
             self.agent.success(self.name, lines=len(lines), records=self.feed(lines, now), now=now)
         else:
             self.idle(now)
+
+    def fileno(self) -> int | None:
+        """A descriptor readable when the follower has something new (the agent's loop blocks on it)."""
+        fileno = getattr(self.follower, "fileno", None)
+        return fileno() if fileno is not None else None
 
     def feed(self, lines: list[str], now: float) -> int:
         """Turn new lines into records and emit them; returns how many were emitted."""

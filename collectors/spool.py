@@ -24,6 +24,7 @@ before a later record of the same batch failed are spooled too.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import struct
@@ -34,13 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.errors import BusError
+from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
+from faultlens.stream.dedupe import (
+    SEQ_HEADER,  # b"<epoch>:<seq>:<node>": the lake de-duplicates on it
+)
 from faultlens.stream.topics import NAMES
 
 log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct(">BHI")
+_STAMP = struct.Struct(">QQ")  # (epoch, seq) after the head when the kind byte has STAMPED set
+STAMPED = 0x80
 _KIND_INDEX = {k: i for i, k in enumerate(NAMES)}
-Entry = tuple[str, str | None, bytes]  # (kind, key, value)
+Stamp = tuple[int, int]  # (epoch, seq): the record's natural key with its node (see ``Delivery``)
+# (kind, key, value) or (kind, key, value, stamp)
+Entry = tuple[str, str | None, bytes] | tuple[str, str | None, bytes, Stamp]
 
 
 class Spool:
@@ -122,9 +131,14 @@ class Spool:
         with self._lock:
             buf = bytearray()
             n = 0
-            for kind, key, value in entries:
+            for entry in entries:
+                kind, key, value = entry[0], entry[1], entry[2]
                 k = (key or "").encode()[:65535]
-                buf += _HEAD.pack(_KIND_INDEX[kind], len(k), len(value))
+                if len(entry) == 4:
+                    buf += _HEAD.pack(_KIND_INDEX[kind] | STAMPED, len(k), len(value))
+                    buf += _STAMP.pack(*entry[3])  # type: ignore[misc]
+                else:
+                    buf += _HEAD.pack(_KIND_INDEX[kind], len(k), len(value))
                 buf += k
                 buf += value
                 n += 1
@@ -137,7 +151,7 @@ class Spool:
             self.spooled_records += len(entries)
             self._enforce_bound()
 
-    def _write(self, data: bytes, n: int) -> None:
+    def _write(self, data: builtins.bytes, n: int) -> None:
         if not self._segments or self._sizes[self._segments[-1]] >= self.segment_bytes:
             seg = (self._segments[-1] + 1) if self._segments else max(1, self._cursor[0])
             if self._writer is not None:
@@ -181,12 +195,17 @@ class Spool:
         off = start
         while off + _HEAD.size <= len(data):
             ki, kl, vl = _HEAD.unpack_from(data, off)
-            end = off + _HEAD.size + kl + vl
-            if end > len(data) or ki >= len(NAMES):
+            body = off + _HEAD.size + (_STAMP.size if ki & STAMPED else 0)
+            end = body + kl + vl
+            if end > len(data) or (ki & ~STAMPED) >= len(NAMES):
                 self.corrupt_bytes += len(data) - off  # a torn write at a crash: the rest is unusable
                 return
-            key = data[off + _HEAD.size: off + _HEAD.size + kl].decode("utf-8", "replace") or None
-            yield (NAMES[ki], key, data[off + _HEAD.size + kl: end]), end
+            key = data[body: body + kl].decode("utf-8", "replace") or None
+            if ki & STAMPED:
+                stamp: Stamp = _STAMP.unpack_from(data, off + _HEAD.size)
+                yield (NAMES[ki & ~STAMPED], key, data[body + kl: end], stamp), end
+            else:
+                yield (NAMES[ki], key, data[body + kl: end]), end
             off = end
 
     def _iter_from(self, cursor: tuple[int, int]) -> Iterator[tuple[Entry, int]]:
@@ -238,6 +257,28 @@ class Spool:
                 self._cursor = (seg + 1, 0)
             self._write_cursor()
 
+    def drop_older_than(self, wall_ts: float) -> int:
+        """Delete whole segments last written before ``wall_ts`` (never the one being written);
+        the retained log of sent records (``Delivery``) keeps a time window this way. Returns records dropped."""
+        with self._lock:
+            dropped = 0
+            while len(self._segments) > 1:
+                seg = self._segments[0]
+                try:
+                    if self._path(seg).stat().st_mtime >= wall_ts:
+                        break
+                except FileNotFoundError:
+                    pass
+                start = self._cursor[1] if self._cursor[0] == seg else 0
+                dropped += sum(1 for _ in self._iter_segment(seg, start))
+                self._segments.pop(0)
+                self._sizes.pop(seg, None)
+                self._counts.pop(seg, None)
+                self._path(seg).unlink(missing_ok=True)
+                self._cursor = (self._segments[0], 0)
+                self._write_cursor()
+            return dropped
+
     def close(self) -> None:
         with self._lock:
             if self._writer is not None:
@@ -255,16 +296,42 @@ class Delivery:
     def __init__(self, producer_factory: Callable[[], Any], spool: Spool, *, flush_timeout_s: float = 5.0,
                  batch_records: int = 5000, retry_min_s: float = 0.5, retry_max_s: float = 10.0,
                  on_sent: Callable[[str, int], None] | None = None, connect_wait_s: float = 0.5,
-                 min_send_interval_s: float = 0.0):
+                 min_send_interval_s: float = 0.0, source: str | None = None, retained: Spool | None = None,
+                 retain_s: float = 600.0, on_lost: Callable[[], None] | None = None,
+                 fault_send_interval_s: float = 0.0):
         self.factory = producer_factory
+        # Nothing lost when the broker dies (issue 24.9). With ``source`` (the node) every
+        # record gets a natural key, (node, epoch, per-kind seq), sent in the SEQ_HEADER
+        # header; the stream processor drops a record whose key it already committed. Each
+        # record sent is also kept in ``retained`` (an on-disk Spool) for ``retain_s``; when
+        # a produce answer shows a partition's offsets went back (the broker lost its log:
+        # a memory-only broker restarted, an unclean leader election), everything retained
+        # is sent again, and the lake keeps each record once.
+        self.source = source
+        self.epoch = time.time_ns() // 1000  # this process's records: seqs restart at 1 per epoch
+        self._seq: dict[str, int] = {}
+        self._epochs: dict[str, int] = {}  # kinds resumed from a checkpoint keep their epoch (restore_seq_state)
+        self.retained = retained
+        self.retain_s = retain_s
+        self._high: dict[tuple[str, int], int] = {}  # (topic, partition) -> highest offset acknowledged
+        # kind -> the broker's topic id when records were last acknowledged: a new id is a topic
+        # created again (a memory-only broker restarted), whatever the offsets say (partitions are
+        # shared: other agents' records can carry a new log's offsets past this one's old ones).
+        self.topic_ids: dict[str, str] = {}
+        self.on_lost = on_lost  # called when the broker lost records (the agent republishes job topologies)
+        self.resends = 0  # broker losses seen (each resent the retained records)
+        self.resent_records = 0
         # Each produce request costs kafka-python ~1.5 ms of CPU whatever it carries, the
         # largest part of an agent's budget. So at most one request per interval while
         # records keep coming, except that an urgent record (a fault line) goes at once
         # when no urgent record went within the interval: the first line of a fault is
         # never held behind the GPU samples, and a burst of them shares requests.
         self.min_send_interval_s = min_send_interval_s
-        self._last_send = self._last_urgent = float("-inf")
-        self._urgent_queued = False
+        self._last_send = self._last_urgent = self._last_immediate = float("-inf")
+        # A recognised fault line (``immediate``) goes at once when none went within this
+        # interval; in a storm of them, one request per interval carries them all.
+        self.fault_send_interval_s = fault_send_interval_s
+        self._urgent_queued = self._immediate_queued = False
         self.spool = spool
         self.flush_timeout_s = flush_timeout_s
         self.batch_records = batch_records
@@ -281,6 +348,7 @@ class Delivery:
         self._next_try = 0.0
         self._backoff = retry_min_s
         self.sent = 0
+        self.requests = 0  # sends (each one produce request or a few: kafka-python's CPU goes by these)
         self.failures = 0
         self.last_error: str | None = None
 
@@ -288,16 +356,37 @@ class Delivery:
     def connected(self) -> bool:
         return self._producer is not None and self._down_since is None
 
-    def put(self, kind: str, key: str | None, value: bytes, *, urgent: bool = False) -> None:
-        with self._qlock:
-            self._queue.append((kind, key, value))
-            self._urgent_queued = self._urgent_queued or urgent
+    def put(self, kind: str, key: str | None, value: bytes, *, urgent: bool = False, immediate: bool = False) -> None:
+        self.put_many([(kind, key, value)], urgent=urgent, immediate=immediate)
 
-    def put_many(self, entries: list[Entry], *, urgent: bool = False) -> None:
-        """Queue several (kind, key, value) entries at once."""
+    def put_many(self, entries: list[Entry], *, urgent: bool = False, immediate: bool = False) -> None:
+        """Queue several (kind, key, value) entries at once. ``immediate``: a recognised fault
+        line; it goes at the next pump unless another went within ``fault_send_interval_s``."""
         with self._qlock:
+            if self.source is not None:
+                seq, epochs = self._seq, self._epochs
+                stamped: list[Entry] = []
+                for e in entries:
+                    n = seq[e[0]] = seq.get(e[0], 0) + 1
+                    stamped.append((e[0], e[1], e[2], (epochs.get(e[0], self.epoch), n)))
+                entries = stamped
             self._queue.extend(entries)
             self._urgent_queued = self._urgent_queued or urgent
+            self._immediate_queued = self._immediate_queued or immediate
+
+    def next_due_s(self) -> float | None:
+        """Seconds until ``pump`` would send what is queued (None: nothing queued); the agent's
+        loop sleeps no longer than this."""
+        with self._qlock:
+            if not self._queue:
+                return None
+            now = time.monotonic()
+            due = self._last_send + self.min_send_interval_s
+            if self._urgent_queued:
+                due = min(due, self._last_urgent + self.min_send_interval_s)
+            if self._immediate_queued:
+                due = min(due, self._last_immediate + self.fault_send_interval_s)
+            return max(0.0, due - now)
 
     def pending(self) -> int:
         with self._qlock:
@@ -313,6 +402,7 @@ class Delivery:
         now = time.monotonic()
         due = (
             force
+            or (self._immediate_queued and now - self._last_immediate >= self.fault_send_interval_s)
             or now - self._last_send >= self.min_send_interval_s
             or (self._urgent_queued and now - self._last_urgent >= self.min_send_interval_s)
         )
@@ -322,7 +412,9 @@ class Delivery:
             batch, self._queue = self._queue, []
             if batch and self._urgent_queued:
                 self._last_urgent = now
-            self._urgent_queued = False
+            if batch and self._immediate_queued:
+                self._last_immediate = now
+            self._urgent_queued = self._immediate_queued = False
         if self._down_since is not None or not self.spool.empty():
             self.spool.append(batch)
             batch = []
@@ -389,31 +481,122 @@ class Delivery:
     def _send(self, entries: list[Entry]) -> int:
         """Send and flush; how many leading entries are known delivered."""
         self._last_send = time.monotonic()
+        self.requests += 1
         futures = []
         try:
-            for kind, key, value in entries:
-                futures.append(self._producer.send_raw(kind, key, value))
+            for e in entries:
+                kind, key, value = e[0], e[1], e[2]
+                if len(e) == 4:
+                    epoch, seq = e[3]  # type: ignore[misc]
+                    headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode()),
+                               (SEQ_HEADER, f"{epoch}:{seq}:{self.source or ''}".encode())]
+                    futures.append(self._producer.send_raw(kind, key, value, headers=headers))
+                else:
+                    futures.append(self._producer.send_raw(kind, key, value))
             self._producer.flush(self.flush_timeout_s)
         except BusError as exc:
             self._note_error(str(exc))
         except Exception as exc:  # noqa: BLE001 - kafka-python raises several families here
             self._note_error(f"{type(exc).__name__}: {exc}")
         done = 0
+        lost = False
         for fut in futures:
             if fut.is_done and fut.succeeded():
                 done += 1
+                lost = self._note_offset(fut.value) or lost
             else:
                 if fut.is_done and fut.exception is not None:
                     self._note_error(str(fut.exception))
                 break
+        if self.retained is not None and done:
+            lost = self._topic_ids_changed({e[0] for e in entries[:done]}) or lost
+            if lost:
+                self._resend_retained()
+            self.retained.append([e for e in entries[:done] if len(e) == 4])
         if self.on_sent is not None and done:
             counts: dict[str, int] = {}
-            for kind, _, _ in entries[:done]:
-                counts[kind] = counts.get(kind, 0) + 1
+            for e in entries[:done]:
+                counts[e[0]] = counts.get(e[0], 0) + 1
             for kind, n in counts.items():
                 self.on_sent(kind, n)
         self.sent += done
         return done
+
+    def _note_offset(self, meta: Any) -> bool:
+        """Remember the partition's offset; True when it is not above the last one seen (the log went back)."""
+        offset = getattr(meta, "offset", -1)
+        if not isinstance(offset, int) or offset < 0:
+            return False
+        tp = (meta.topic, meta.partition)
+        high = self._high.get(tp)
+        if high is not None and offset <= high:
+            self._high.clear()  # the new log's offsets are the baseline of every partition
+            self._high[tp] = offset
+            return True
+        self._high[tp] = offset
+        return False
+
+    def _topic_ids_changed(self, kinds: set[str]) -> bool:
+        changed = False
+        getter = getattr(self._producer, "topic_id", None)
+        if getter is None:
+            return False
+        for kind in kinds:
+            try:
+                tid = getter(kind)
+            except Exception:  # noqa: BLE001 - a metadata look-up must never stop delivery
+                tid = None
+            if tid is None:
+                continue
+            old = self.topic_ids.get(kind)
+            if old is not None and old != tid:
+                changed = True
+            self.topic_ids[kind] = tid
+        if changed:
+            self._high.clear()
+        return changed
+
+    def seq_state(self, kinds: tuple[str, ...]) -> dict[str, list[int]]:
+        """``kind -> [epoch, last seq]``: saved with the followers' positions, so that an agent
+        restarted there stamps the records of the lines it reads again with the same keys."""
+        return {k: [self._epochs.get(k, self.epoch), self._seq[k]] for k in kinds if k in self._seq}
+
+    def restore_seq_state(self, state: dict[str, list[int]]) -> None:
+        with self._qlock:
+            for kind, (epoch, seq) in state.items():
+                self._epochs[kind] = int(epoch)
+                self._seq[kind] = int(seq)
+
+    def _resend_retained(self) -> None:
+        """The broker lost records it had acknowledged: queue every retained record again (spool
+        first, so they go before anything new); the processor drops those the lake already has."""
+        assert self.retained is not None
+        self.retained.drop_older_than(time.time() - self.retain_s)
+        if self.on_lost is not None:
+            try:
+                self.on_lost()  # queues what must be published again (topologies): it goes first
+            except Exception:  # noqa: BLE001 - a republish must never stop delivery
+                log.exception("republishing after a broker loss failed")
+        with self._qlock:
+            fresh, self._queue = self._queue, []
+        self.spool.append(fresh)
+        n = len(fresh)
+        while True:  # in chunks: the window may hold more than is wise to load at once
+            chunk, cursor = self.retained.peek(self.batch_records)
+            if not chunk:
+                break
+            self.spool.append(chunk)
+            self.retained.commit(cursor, 0)
+            n += len(chunk)
+        self.resends += 1
+        self.resent_records += n
+        log.warning("the broker lost records it had acknowledged (its topic ids changed or a partition's offsets "
+                    "went back): resending the %d records of the last %.0f s", n, self.retain_s)
+
+    def trim_retained(self) -> None:
+        """Forget sent records older than ``retain_s`` (the agent calls this now and then)."""
+        if self.retained is not None:
+            self.retained.drop_older_than(time.time() - self.retain_s)
 
     def _note_error(self, msg: str) -> None:
         self.last_error = msg

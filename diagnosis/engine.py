@@ -147,6 +147,7 @@ class DiagnosisEngine:
         self.jobwide = JobWideCorrelator(self.catalog.jobwide)
         self._jobs: dict[str, JobState] = {}
         self._node_job: dict[str, str] = {}
+        self.routed_job: str | None = None  # online: the job key this engine serves (diagnosis.state.EngineFactory)
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
         # job -> slow machine -> (the remedy it got, the incident): one decision per slow machine
@@ -281,7 +282,9 @@ class DiagnosisEngine:
         return job
 
     def job_of_node(self, node: str) -> str:
-        return self._node_job.get(node, "unknown")
+        """The job a topology puts ``node`` in; else the job this engine serves online (the
+        repartitioner routed the record here by a topology), else "unknown" (node-local rules)."""
+        return self._node_job.get(node) or self.routed_job or "unknown"
 
     def _on_line(self, record: KernelEvent | NcclEvent, job: str) -> None:
         finding = None

@@ -70,21 +70,34 @@ class LakeConfig:
 class AgentConfig:
     node: str = ""  # empty: this host's name
     job: str = ""
-    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks")
+    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs")
     nvml_interval_s: float = 1.0
     kernel_follow: str = "auto"  # auto | kmsg | journal | file path
     nccl_glob: str = ""
     steps_glob: str = ""
+    # The job's topology as the launcher writes it (job.json, DESIGN.md's batch format): the
+    # ``jobs`` source publishes it at start, on change, and again after a broker loss.
+    job_file: str = ""
     spool_dir: str = "/var/lib/faultlens/spool"
     spool_max_bytes: int = 256 * 1024 * 1024
     health_interval_s: float = 30.0
-    # How often the loop reads the logs: a fault line waits at most this long before it is
-    # parsed. 0.5 s keeps the agent under 0.5% of a core (benchmarks/agent_overhead.py).
+    # The loop wakes when a followed file changes (inotify) or /dev/kmsg has a record, so a
+    # fault line is read at once; this is the longest sleep without such an event (periodic
+    # work, the polling fallback where inotify is missing).
     tick_s: float = 0.5
     # At most one produce request per this many seconds while records keep coming (each
     # costs kafka-python ~1.5 ms of CPU); the first urgent record (a log line, a stack
     # dump, a lost GPU) after a quiet spell of urgent ones is sent at once. 0: every tick.
     min_send_interval_s: float = 2.0
+    # A recognised fault line (Xid, SXid, a link down, an NCCL watchdog...) is sent at once
+    # unless another went within this interval: in a storm of them one request per interval
+    # carries them all (benchmarks/agent_overhead.py writes ~6 a second), and it takes every
+    # record queued with it, so the sends of a busy node stay about one a second.
+    fault_send_interval_s: float = 1.0
+    # Every record sent is kept this long in <spool_dir>/sent; when the broker shows it lost
+    # records it had acknowledged (a partition's offsets went back), they are all sent again
+    # and the stream processor keeps each once (natural key: node, agent epoch, seq).
+    resend_window_s: float = 600.0
     metrics_port: int = 0  # 0: no /metrics endpoint
     metrics_host: str = "127.0.0.1"  # the DaemonSet sets 0.0.0.0 so Prometheus can scrape the pod
     # Ordinary log lines (kind "other", NCCL INFO: noise no pattern recognises) are counted

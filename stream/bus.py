@@ -154,6 +154,15 @@ class Producer:
         except KafkaError as exc:
             raise BusError(f"flush failed: {exc}") from exc
 
+    def topic_id(self, kind: str) -> str | None:
+        """The broker's id of ``kind``'s topic as last seen in metadata (None: unknown). A new id
+        for the same name means the topic was created again: what the old one held is gone."""
+        try:
+            tid = self._producer._metadata.topic_id(topics.topic(kind, self.prefix))
+        except AttributeError:  # a client without topic ids
+            return None
+        return str(tid) if tid is not None else None
+
     def close(self, timeout_s: float = 5.0) -> None:
         self._producer.close(timeout=timeout_s)
 

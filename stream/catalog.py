@@ -149,6 +149,10 @@ class Catalog:
         wanted = set(topics) if topics is not None else None
         return {(t, p): o + 1 for t, p, o in rows if wanted is None or t in wanted}
 
+    def commit_ids(self) -> set[str]:
+        """Every commit the manifest holds (stream/dedupe.py keeps only their ``_seq`` files)."""
+        return {r[0] for r in self.db.execute("SELECT DISTINCT commit_id FROM manifest").fetchall()}
+
     def committed_files(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT DISTINCT file FROM manifest WHERE file IS NOT NULL").fetchall()}
 

@@ -148,6 +148,29 @@ class KafkaPythonFetcher:
             raise BusError(f"poll failed: {exc}") from exc
         return {(tp.topic, tp.partition): records for tp, records in batch.items()}
 
+    def topic_ids(self) -> dict[str, str]:
+        """topic -> the broker's id for it in the consumer's metadata (a new id: the topic was created
+        again and its old log is gone; the processor then reads the new one from its start)."""
+        cluster = getattr(self._consumer.raw, "_cluster", None)
+        if cluster is None:
+            return {}
+        out = {}
+        for topic in list(getattr(cluster, "_topic_ids", {})):
+            tid = cluster.topic_id(topic)
+            if tid is not None:
+                out[topic] = str(tid)
+        return out
+
+    def rewind(self, keys: list[Key]) -> None:
+        """Read these partitions from the beginning of their (new) log."""
+        from kafka import TopicPartition
+
+        raw = self._consumer.raw
+        owned = set(raw.assignment())
+        tps = [tp for tp in (TopicPartition(t, p) for t, p in keys) if tp in owned]
+        if tps:
+            raw.seek_to_beginning(*tps)
+
     def lag(self) -> dict[Key, int]:
         raw = self._consumer.raw
         parts = list(raw.assignment())

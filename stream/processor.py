@@ -27,6 +27,12 @@ are uncommitted files like any other.
 A crash at any instant thus leaves either a committed range (kept, skipped on
 restart) or uncommitted files (deleted, re-read on restart).
 
+Records sent twice (an agent resends what a broker lost, stream/dedupe.py) are
+dropped on arrival when their natural key (node, agent epoch, seq: the
+``faultlens-seq`` header) was taken before; what was taken is committed with the
+lake (``_seq/s-<commit>.json`` before the manifest) and read back on assignment,
+so a kill -9 of the processor keeps it exact.
+
 Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
 table (exactly once, like any row) and are sent to the deadletter topic
 (at least once: a crash after the send and before the commit sends again).
@@ -64,6 +70,7 @@ from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, schema, topics
+from faultlens.stream.dedupe import SeqLedger, parse_seq
 from faultlens.stream.fetch import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.lake import LakeWriter
 from faultlens.stream.processor_stats import ProcessorStats
@@ -123,6 +130,7 @@ class _Pending:
     chunk_first: int = -1  # first offset of ``decoding`` (ranges before it are in ``written``)
     rows_est: int = 0  # rows in ``decoding``, estimated
     written: list[_Written] = field(default_factory=list)  # ranges written ahead, not yet committed
+    seqs: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)  # natural keys taken (stream/dedupe.py)
 
 
 @dataclass
@@ -215,6 +223,11 @@ class StreamProcessor:
         self._next_offset: dict[tuple[str, int], int | None] = {}
         self._fatal: BaseException | None = None
         self.last_message_at = time.monotonic()
+        # Agent records' natural keys: taken so far (poll thread: committed + pending) and
+        # committed (commit thread); both read back from the lake on assignment.
+        self._seen = SeqLedger()
+        self._durable = SeqLedger()
+        self._topic_ids: dict[str, str] = {}  # topic -> the broker's id the offsets here refer to
 
     # -- lifecycle
 
@@ -272,6 +285,7 @@ class StreamProcessor:
                     time.sleep(0.5)
                     continue
                 self._check_fatal()
+                batch = self._new_logs(batch)
                 now = time.monotonic()
                 with self._lock:
                     if batch:
@@ -345,13 +359,16 @@ class StreamProcessor:
         self._next_offset[key] = records[-1].offset + 1
         kind = topics.kind_of(topic, self.bus.topic_prefix)
         self.stats.consumed(kind, len(records))
+        first_offset, last_offset = records[0].offset, records[-1].offset
+        records, taken = self._drop_duplicates(kind, records)
         if self.stats.first_message_at is None:
             self.stats.first_message_at = time.monotonic()
         p = self._pending.get((topic, partition))
         if p is None:
-            p = self._pending[(topic, partition)] = _Pending(kind, records[0].offset, records[-1].offset)
+            p = self._pending[(topic, partition)] = _Pending(kind, first_offset, last_offset)
             p.chunk_first = p.first
-        p.last = records[-1].offset
+        p.last = last_offset
+        p.seqs.extend(taken)
         # Decoding runs on worker threads: Arrow releases the GIL, so it overlaps
         # kafka-python's record parsing in this thread.
         if self._decode_threads:
@@ -380,6 +397,25 @@ class StreamProcessor:
             done, n = self._decoding.popleft()
             wait_for(done)
             self._decoding_messages -= n
+
+    def _drop_duplicates(self, kind: str, records: list[Any]) -> tuple[list[Any], list[tuple[tuple[str, int, str], int]]]:
+        """The records whose natural key is new (stream/dedupe.py), and the keys they take."""
+        taken: list[tuple[tuple[str, int, str], int]] = []
+        kept: list[Any] = []
+        seen = self._seen
+        dropped = 0
+        for r in records:
+            stamp = parse_seq(r.headers)
+            if stamp is not None:
+                key = (stamp[0], stamp[1], kind)
+                if not seen.take(key, stamp[2]):
+                    dropped += 1
+                    continue
+                taken.append((key, stamp[2]))
+            kept.append(r)
+        if dropped:
+            self.stats.duplicates_dropped[kind] += dropped
+        return (kept if dropped else records), taken
 
     def _send_dead(self, dead: list[schema.DeadLetter]) -> None:
         for d in dead:
@@ -489,6 +525,9 @@ class StreamProcessor:
                 self._producer.flush(timeout_s=10)
             except BusError as exc:
                 log.warning("dead letters not confirmed by the bus (kept in the lake): %s", exc)
+        touched = self._durable.add_all(t for p in pending.values() for t in p.seqs)
+        # before the manifest: named by its commit id, it counts only once the manifest does
+        self._durable.write(self.lake.root, commit_id, touched, dict(self._topic_ids))
         self.catalog.commit(commit_id, manifest)
         self.stats.committed(dict(rows), dead)
         for kind, quarantine, unknown in decoded_reports:
@@ -509,6 +548,31 @@ class StreamProcessor:
                 self._assigned.discard(key)
                 self._next_offset.pop(key, None)
             self.last_message_at = time.monotonic()  # a rebalance is not idle time
+
+    def _current_topic_ids(self) -> dict[str, str]:
+        ids = getattr(self._fetch, "topic_ids", None)
+        return ids() if ids is not None else {}
+
+    def _new_logs(self, batch: dict[Key, list[Any]]) -> dict[Key, list[Any]]:
+        """A topic the broker created again (new id): commit what its old log gave, read the new log
+        from its start, and drop what this poll fetched from it at the old position."""
+        current = self._current_topic_ids()
+        changed = {t for t, tid in current.items() if self._topic_ids.get(t, tid) != tid}
+        if not changed:
+            if current.keys() - self._topic_ids.keys():
+                self._topic_ids.update(current)
+            return batch
+        with self._lock:
+            self.flush(confirm_dead_letters=False)  # the old logs' records, under the old ids
+            self._topic_ids.update(current)
+            keys = [k for k in self._assigned if k[0] in changed]
+            for key in keys:
+                self._next_offset.pop(key, None)
+            rewind = getattr(self._fetch, "rewind", None)
+            if rewind is not None:
+                rewind(keys)
+        log.warning("topics created again (the broker lost them): %s read from their start", ", ".join(sorted(changed)))
+        return {k: v for k, v in batch.items() if k[0] not in changed}
 
     def _on_offsets_reset(self, reset: list[Key]) -> None:
         """stream.bus: the broker lost these partitions' logs (a memory-only broker restarted); they are
@@ -535,9 +599,17 @@ class StreamProcessor:
             owned = {(topics.kind_of(topic, self.bus.topic_prefix), partition) for topic, partition in assigned}
             self.catalog.sync_from_lake()
             self.stats.orphans_deleted += self.delete_orphans(owned)
+            self._durable = SeqLedger.load(self.lake.root, self.catalog.commit_ids())
+            self._seen = self._durable.copy()
             positions = self.catalog.next_offsets()
+            current = self._current_topic_ids()
+            recreated = {t for t, tid in current.items() if self._durable.topic_ids.get(t, tid) != tid}
+            if recreated:
+                log.warning("topics created again since the last commit (the broker lost them): %s read from "
+                            "their start", ", ".join(sorted(recreated)))
+            self._topic_ids = {**self._durable.topic_ids, **current}
             for key in assigned:
-                out[key] = self._next_offset[key] = positions.get(key)
+                out[key] = self._next_offset[key] = None if key[0] in recreated else positions.get(key)
                 self._assigned.add(key)
             self._ever_assigned = True
             self.last_message_at = time.monotonic()  # idle time counts from here, not from start-up

@@ -27,6 +27,7 @@ class ProcessorStats:
         self.lag: dict[tuple[str, int], int] = {}
         self.commits = 0
         self.orphans_deleted = 0
+        self.duplicates_dropped: Counter[str] = Counter()  # kind -> agent records the lake had already (stream/dedupe.py)
         self.started = time.monotonic()
         self.assigned_at: float | None = None  # monotonic time of the first partition assignment
         self.first_message_at: float | None = None  # monotonic time the first message was polled
@@ -87,6 +88,7 @@ class ProcessorStats:
             "lag": self.total_lag,
             "commits": self.commits,
             "orphans_deleted": self.orphans_deleted,
+            "duplicates_dropped": sum(self.duplicates_dropped.values()),
             "uptime_s": round(time.monotonic() - self.started, 1),
         }
 

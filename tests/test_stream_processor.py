@@ -157,6 +157,20 @@ def _start_processor(bus: BusConfig, tmp_path: Path, log: Path) -> subprocess.Po
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def kill_processor_repeatedly(bus, tmp_path: Path, log: Path, rng: random.Random, times: int,
+                              alive_s: tuple[float, float]) -> int:
+    """Start ``faultlens stream`` and kill -9 it after a random while, ``times`` times; returns the kills."""
+    kills = 0
+    for _ in range(times):
+        proc = _start_processor(bus, tmp_path, log)
+        time.sleep(rng.uniform(*alive_s))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=10)
+    return kills
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_instants_loses_and_duplicates_nothing(bus, tmp_path) -> None:
     ensure_topics(bus)
@@ -168,14 +182,7 @@ def test_kill_9_at_random_instants_loses_and_duplicates_nothing(bus, tmp_path) -
                                                 for i in range(0, len(records), 200)])  # fmt: skip
     producer.start()
     log = tmp_path / "processor.log"
-    kills = 0
-    for _ in range(10):
-        proc = _start_processor(bus, tmp_path, log)
-        time.sleep(rng.uniform(1.5, 4.5))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=10)
+    kills = kill_processor_repeatedly(bus, tmp_path, log, rng, 10, (1.5, 4.5))
     producer.join(timeout=60)
     proc = _start_processor(bus, tmp_path, log)
     assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]

@@ -65,7 +65,7 @@ MARK_KEY = "~mark"
 # A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
-                    "counters", "guard_log", "on_suppressed"})
+                    "counters", "guard_log", "on_suppressed", "routed_job"})  # routed_job: set from the job's key by EngineFactory
 DYNAMIC = ("book", "counters._gpus", "counters._present", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
            "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
 
@@ -217,6 +217,10 @@ class EngineFactory:
         engine = copy.copy(self._proto)
         engine.counters = copy.copy(self._proto.counters)  # static rules, its own per-GPU memory
         _load_into(engine, self._blank)
+        # The repartitioner routes a node's records to its job's key only once a topology named
+        # the node there: that job is the honest answer for a node this engine has no topology
+        # for (its state came back from a changelog a broker lost), never "unknown".
+        engine.routed_job = key if key and key != "unknown" and not key.startswith("~") else None  # "~nodes/<p>": no job
         return engine
 
 
