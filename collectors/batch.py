@@ -214,7 +214,7 @@ def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None =
                     continue
                 issues: list[decode.FieldIssue] = []
                 try:
-                    out.append(decode.decode(kind, line, issues=issues))
+                    out.append(decode.decode(kind, line, issues=issues, bounds=decode.RECORDED_TIME))
                 except SchemaError as exc:
                     bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line, str(exc))
                 except Exception as exc:  # noqa: BLE001 - the decoder must not stop the directory

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from faultlens.datasets.campaign_render import Decision, SliceLayout
-from faultlens.vocabulary import ActionType
+from faultlens.vocabulary import ActionType, FaultKind, IncidentKind
 
 A = ActionType
 MIX_PATH = Path(__file__).with_name("failure_mix.toml")
@@ -47,7 +47,8 @@ COSTS_PATH = Path(__file__).with_name("campaign_costs.toml")
 POLICIES: tuple[str, ...] = ("none", "restart", "group_evict", "faultlens", "oracle")
 CAUSES: tuple[str, ...] = ("detection", "localisation", "standby_wait", "restart", "recompute", "recurrence",
                            "degraded")
-FAULT_CLASSES = ("fail_stop", "hang", "nan", "fail_slow", "transient")
+# how a failure class costs time (failure_mix.toml "class"); hang and fail_slow are the incident kinds of that name
+FAULT_CLASSES = ("fail_stop", IncidentKind.HANG.value, "nan", IncidentKind.FAIL_SLOW.value, "transient")
 # (tp, pp, layers, micro-batches per replica): the layouts a campaign can name
 LAYOUTS: dict[str, tuple[int, int, int, int]] = {
     "70b-dense": (8, 8, 80, 16),  # BR Table 5: 70B TP8 PP8 (DP = GPUs / 64)
@@ -669,7 +670,8 @@ def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2), bucket
     return run
 
 
-BUS_FIRST = ("gpu_lost", "hang_stuck_rank", "thermal_throttle", "user_exception", "ib_link_persistent", "nan_loss")
+BUS_FIRST = tuple(k.value for k in (FaultKind.GPU_LOST, FaultKind.HANG_STUCK_RANK, FaultKind.THERMAL_THROTTLE,
+                                    FaultKind.USER_EXCEPTION, FaultKind.IB_LINK_PERSISTENT, FaultKind.NAN_LOSS))
 
 
 def bus_check(kept: Mapping[tuple[str, int], Any], n: int,

@@ -134,6 +134,11 @@ class TimeBounds:
         return "ts_past", f"ts {ts!r} is before time.earliest_ts={self.earliest_ts:g} (a clock left at 1970?)"
 
 
+# A recorded directory (`faultlens diagnose DIR`) replays its own event time: a run from any date, even
+# one stamped ahead of this machine's clock, is read as it was written; only what no calendar holds is
+# refused (MAX_TS). The bounds protect live services, whose clocks a stamp can move.
+RECORDED_TIME = TimeBounds(earliest_ts=-math.inf, max_future_s=math.inf, max_clock_skew_s=math.inf)
+
 # What diagnosis decides (stamped on its own bounded clock, acted on by the runner and the agents).
 DECIDED_KINDS = frozenset({"actions", "commands"})
 _Y2000 = 946_684_800.0  # a stamp in another unit is named so only when it reads as a recent time
@@ -156,13 +161,13 @@ def _time_field(record: Any) -> float | None:
     return ts if isinstance(ts, (int, float)) else None
 
 
-def check_time(record: Any, kind: str, now: float | None = None) -> Any:
+def check_time(record: Any, kind: str, now: float | None = None, bounds: TimeBounds | None = None) -> Any:
     """``record`` when its time is inside the bounds; else SchemaError with the reason.
 
     A job topology stamped 0 has no time (a hand-written job.json): it is kept, and moves no clock."""
     ts = _time_field(record)
     if ts is not None and not (ts == 0.0 and kind == "jobs"):
-        problem = _BOUNDS[0].problem(ts, now, kind)
+        problem = (bounds or _BOUNDS[0]).problem(ts, now, kind)
         if problem is not None:
             raise SchemaError(problem[0], kind=kind, detail=problem[1])
     return record
@@ -270,14 +275,14 @@ def _gpus(value: Any, kind: str, issues: list[FieldIssue] | None) -> list[GpuSta
     return out
 
 
-def _check(record: Any, kind: str) -> Any:
+def _check(record: Any, kind: str, bounds: TimeBounds | None = None) -> Any:
     """What the typed fast path cannot express: a readable version and a usable time."""
     if record.v not in schema.READABLE_VERSIONS:
         raise SchemaError("unknown_version", kind=kind, detail=f"v={record.v!r}")
     ts = getattr(record, "ts", 0.0)
     if ts - ts != 0.0:  # NaN or infinite (MessagePack can carry them)
         raise SchemaError("bad_type", kind=kind, detail=f"ts: not finite: {ts!r}")
-    check_time(record, kind)  # ms/us stamps, 2100, 1970: the reason names which
+    check_time(record, kind, bounds=bounds)  # ms/us stamps, 2100, 1970: the reason names which
     if not -MAX_TS <= ts <= MAX_TS:  # no calendar (nor the lake's hour partitions) holds it (bounds set wide)
         raise SchemaError("out_of_range", kind=kind, detail=f"ts: {ts!r}")
     return record
@@ -297,7 +302,7 @@ def _finite(record: Any) -> bool:
 _FLOAT_GPU_FIELDS = tuple(f.name for f in _plan(GpuState) if f.coerce is to_float)
 
 
-def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any:
+def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None, *, bounds: TimeBounds | None = None) -> Any:
     """A parsed JSON/MessagePack object -> the record of ``kind``; SchemaError when its identity is unusable.
 
     ``issues`` collects the fields nulled and the unknown keys.
@@ -313,10 +318,10 @@ def from_obj(kind: str, obj: Any, issues: list[FieldIssue] | None = None) -> Any
     try:
         record: Any = msgspec.convert(obj, cls)
         if _finite(record):  # a NaN/Infinity float (MessagePack, Python objects): the table nulls it
-            return _check(record, kind)
+            return _check(record, kind, bounds)
     except msgspec.ValidationError:
         pass  # a value of another type: the table decides, field by field
-    return _check(_tolerant(cls, kind, obj, issues), kind)
+    return _check(_tolerant(cls, kind, obj, issues), kind, bounds)
 
 
 # --------------------------------------------------------------------------- bytes -> records
@@ -362,8 +367,11 @@ def _parse_json(payload: bytes | str, kind: str) -> Any:
 
 
 def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None = None,
-           issues: list[FieldIssue] | None = None) -> Any:
-    """Bytes from the bus -> record; SchemaError(reason) when the record cannot be had."""
+           issues: list[FieldIssue] | None = None, bounds: TimeBounds | None = None) -> Any:
+    """Bytes from the bus -> record; SchemaError(reason) when the record cannot be had.
+
+    ``bounds``: the times accepted (default: this process's ``[time]`` bounds; ``RECORDED_TIME`` for a
+    recorded directory)."""
     if payload is None:
         raise SchemaError("tombstone", kind=kind, detail="a null value (tombstone) carries no record")
     if not payload:
@@ -373,17 +381,18 @@ def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None 
     if kind not in schema.RECORDS:
         raise SchemaError("unknown_kind", kind=kind)
     if is_msgpack(payload, content_type):
-        return _decode_msgpack(kind, payload, issues)
+        return _decode_msgpack(kind, payload, issues, bounds)
     try:
         record = json_decoder(kind).decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         pass
     else:
-        return _check(record, kind)
-    return from_obj(kind, _parse_json(payload, kind), issues)
+        return _check(record, kind, bounds)
+    return from_obj(kind, _parse_json(payload, kind), issues, bounds=bounds)
 
 
-def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | None) -> Any:
+def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | None,
+                    bounds: TimeBounds | None = None) -> Any:
     if isinstance(payload, str):
         raise SchemaError("malformed_msgpack", kind=kind, detail="text is not MessagePack")
     try:
@@ -393,9 +402,9 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
         record = _columnar_gpu_fast(obj)
         if record is not None:
-            return _check(record, kind)  # the same time bounds as every other path (2100, 1970)
+            return _check(record, kind, bounds)  # the same time bounds as every other path (2100, 1970)
         obj = columns_to_obj(obj, kind)
-    return from_obj(kind, obj, issues)
+    return from_obj(kind, obj, issues, bounds=bounds)
 
 
 # --------------------------------------------------------------------------- the agent's MessagePack

@@ -17,6 +17,7 @@ import time
 from types import SimpleNamespace
 
 import msgspec
+import orjson
 import pytest
 
 from faultlens.config import Config, LakeConfig
@@ -262,3 +263,14 @@ def test_the_catalog_reads_a_lake_whose_path_has_quotes(tmp_path) -> None:
     assert db.execute("SELECT count(*) FROM gpu").fetchone()[0] == 0
     db.close()
 
+
+
+def test_a_recorded_directory_keeps_its_own_time_even_ahead_of_this_clock() -> None:
+    """The bounds protect live services; a recorded directory (faultlens diagnose DIR) from a machine whose
+    clock ran ahead, or a generated scenario dated next month, is read as written (blind scenarios stamped
+    weeks ahead lost every step record and their hang to ts_future)."""
+    ahead = orjson.dumps({"v": 1, "ts": time.time() + 30 * 86400, "job": "j1", "rank": 0, "node": "n1", "step": 1,
+                          "duration_s": 1.0, "n_seqs": 1, "sum_len": 1, "sum_len_sq": 1, "tokens": 1})
+    with pytest.raises(SchemaError):
+        decode.decode("steps", ahead)
+    assert decode.decode("steps", ahead, bounds=decode.RECORDED_TIME).step == 1
