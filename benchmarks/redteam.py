@@ -779,7 +779,7 @@ def _diagnose(svc: _Services, name: str, timeout_s: float = 90) -> tuple[Any, bo
     return proc, False
 
 
-def _stop(proc: Any) -> int:
+def _stop_rc(proc: Any) -> int:
     """SIGTERM (the service finishes its round and exits 0), then the exit status."""
     import signal
 
@@ -862,11 +862,11 @@ def poison_changelog(scale: Scale) -> dict[str, int]:
             if not ready:
                 counts["crash_loops"] += 1
                 counts["missed_actions"] += 1
-                _stop(proc)
+                _stop_rc(proc)
                 continue
             got = _xid_round(svc, job, f"{job}-n001")
             counts["missed_actions"] += 0 if [a for a in got if a.type == "evict_nodes"] else 1
-            counts["crash_loops"] += _stop(proc) != 0
+            counts["crash_loops"] += _stop_rc(proc) != 0
             counts["pickle_effects"] += target.exists()
         counts["tracebacks"] = svc.tracebacks()
     finally:
@@ -949,7 +949,7 @@ def poison_timestamps(scale: Scale) -> dict[str, int]:
                         latest[inc.id] = inc.status
             incidents.close()
             counts["incidents_closed_at_once"] = sum(s == "resolved" for s in latest.values())
-            counts["crash_loops"] += _stop(proc) != 0
+            counts["crash_loops"] += _stop_rc(proc) != 0
         counts["tracebacks"] = svc.tracebacks()
     finally:
         svc.close()
@@ -981,7 +981,7 @@ def poison_tombstones(scale: Scale) -> dict[str, int]:
             counts["missed_actions"] += 0 if [a for a in got if a.type == "evict_nodes"] else 1
         else:
             counts["missed_actions"] += 1
-        counts["crash_loops"] += (not ready) + (_stop(proc) != 0)
+        counts["crash_loops"] += (not ready) + (_stop_rc(proc) != 0)
         counts["crash_loops"] += svc.run("runner", "--duration-s", "8", log_name="runner") != 0
         counts["crash_loops"] += svc.run("stream", "--lake", str(svc.tmp / "lake"), "--catalog",
                                          str(svc.tmp / "catalog.duckdb"), "--exit-when-idle-s", "2",
@@ -1014,7 +1014,7 @@ def pickle_checkpoint(scale: Scale) -> dict[str, int]:
             p.flush(10)
         for r in range(scale.n(2, minimum=1)):
             proc, ready = _diagnose(svc, f"diagnose-{r}")
-            counts["crash_loops"] += (not ready) + (_stop(proc) != 0)
+            counts["crash_loops"] += (not ready) + (_stop_rc(proc) != 0)
         counts["pickle_effects"] = int(target.exists())
     finally:
         svc.close()
