@@ -504,6 +504,8 @@ class DiagnosisEngine:
         allowed = min(g.max_evictions_per_job_per_hour, max(1, math.floor(g.max_evicted_fraction * job_nodes)))
         ranking = self._rank_hang(inc, job, dumps, verdict, now, allowed) if job.topology is not None else None
         lagging = tuple(s["node"] for s in inc.top_suspects() if any("stopped before" in x for x in s["reasons"]))
+        if ranking is not None and ranking.roots and self._explained_by_host(inc, ranking.roots):
+            return  # the root machine's own incident (its hung task) decides; the hang is muted into it
         if ranking is not None and ranking.roots:
             decision = _evict_roots(ranking, verdict)
         else:
@@ -519,6 +521,17 @@ class DiagnosisEngine:
             named = tuple(ranking.best(allowed)) if ranking is not None and ranking.best(allowed) else decision.nodes[:allowed]
             self._act(inc, Decision("run_diagnostics", named, f"hang: eviction refused by the guard rails; restart with "
                                     f"stop-time diagnostics on {', '.join(named) or 'the job'}", 0.6))
+
+    def _explained_by_host(self, hang: OpenIncident, roots: Sequence[str]) -> bool:
+        """A hang rooted on a machine whose kernel reported a hung task (a process blocked in I/O) is that
+        machine's stall, not a second fault: the hung task, weak while it waited for the job's other nodes,
+        is confirmed as the cause and mutes the hang; its own route decides (stop-time diagnostics), instead
+        of an eviction on the hang's evidence and a second action on the same machine."""
+        for other in self.book.open_incidents(hang.job):
+            if other.kind in _HOST_STALL_KINDS and other.node in roots and not other.state.folded_into:
+                self.book.confirm_cause(other)
+                return hang.status == "resolved"
+        return False
 
     def _rank_hang(self, inc: OpenIncident, job: JobState, dumps: list[StackDump], verdict: StackVerdict | None,
                    now: float, allowed: int) -> hangroot.RootRanking | None:
@@ -775,6 +788,8 @@ def _never_left_hung(decision: Decision, ranking: hangroot.RootRanking | None, i
     if decision.type == "run_diagnostics" and not decision.nodes and best:
         return Decision("run_diagnostics", best, f"{decision.reason}; best-ranked: {', '.join(best)}", decision.confidence)
     return decision
+# Machine incidents that explain a hang rooted on their machine (engine._explained_by_host).
+_HOST_STALL_KINDS = frozenset({"hung_task"})
 _JOBWIDE_HOLD = "jobwide_hold"  # IncidentState.pending while a node's incident waits for the job's other nodes
 
 

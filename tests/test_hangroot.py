@@ -250,3 +250,21 @@ def test_a_subprocess_dump_file_joins_its_ranks_dump(tmp_path):
     assert not data.errors and "Process 0: 13.worker-0.txt" in dump.text
     st = hangroot.rank_state(13, dump.text, CAT)
     assert st.category == "input" and "readinto" in st.children[0]
+
+
+def test_a_hang_rooted_on_a_machine_with_a_hung_task_is_that_tasks_incident(tmp_path):
+    """Recorded after the merges (benchmarks/diagnosis.py --quick, hung_task 0/2): rank 31 blocked in a dataset
+    read on n004, whose kernel reported the hung task. The hang's stacks singled out n004 and evicted it while
+    the hung task (weak, waiting for the job's other nodes) later sent the same machine to diagnostics: two
+    actions for one stall. The hung task is the cause; the hang is muted into it; one run_diagnostics."""
+    import subprocess
+
+    out = tmp_path / "ht"
+    subprocess.run([sys.executable, "-m", "faultlens.cli", "simulate", "scenario", "--fault", "hung_task",
+                    "--seed", "11", "--out", str(out)], check=True, capture_output=True)
+    data = read_batch_dir(out)
+    incidents, actions = diagnose_records(data.job, list(data.records()), load_config(env={}))
+    acted = [(a.type, a.nodes) for a in actions if a.type != "notify"]
+    assert acted == [("run_diagnostics", ["n004"])]
+    hang = [i for i in incidents if i.kind == "hang"]
+    assert hang and all(i.status == "resolved" and "hung_task" in i.summary for i in hang)
