@@ -18,26 +18,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (durations, speeds)."""
+def _finite_float(text: str, *, allow_zero: bool, wanted: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds (more than 0)")
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not {wanted}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (durations, speeds)."""
+    return _finite_float(text, allow_zero=False, wanted="a positive number of seconds (more than 0)")
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0 (onsets, offsets)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds (0 or more)")
-    return value
+    return _finite_float(text, allow_zero=True, wanted="a number of seconds (0 or more)")
 
 
 __all__ = ["positive_int", "positive_float", "non_negative_float"]

@@ -41,8 +41,8 @@ from typing import Any
 from faultlens.config import BusConfig
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream import topics
-from faultlens.stream.bus import Message, client_kwargs, is_embedded
-from faultlens.stream.fetch import confluent_security
+from faultlens.stream.bus import Message, is_embedded
+from faultlens.stream.fetch import confluent_settings
 
 log = logging.getLogger(__name__)
 
@@ -88,30 +88,22 @@ class CooperativeConsumer:
         self.prefix = bus.topic_prefix
         self.listener = listener
         self.topics = [topics.topic(k, self.prefix) for k in kinds]
-        kw = client_kwargs(bus, bootstrap)
-        servers = ",".join(kw["bootstrap_servers"])
-        embedded = is_embedded(servers)
-        conf: dict[str, Any] = {
-            "bootstrap.servers": servers,
-            "client.id": bus.client_id,
-            "security.protocol": bus.security_protocol,
+        # The processor's librdkafka settings (stream/fetch.py), as a cooperative group member that
+        # answers at once: no minimum fetch size, its own fetch wait, the embedded broker's short session.
+        conf = confluent_settings(bus, bootstrap, check_crcs=False)
+        conf.pop("check.crcs")
+        embedded = is_embedded(conf["bootstrap.servers"])
+        conf.update({
             "group.id": group_id,
             "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "session.timeout.ms": 3000 if embedded else bus.session_timeout_ms,
-            "heartbeat.interval.ms": 1000 if embedded else 3000,
-            "max.poll.interval.ms": max(bus.max_poll_interval_ms, 300_000) if embedded else bus.max_poll_interval_ms,
+            "fetch.min.bytes": 1,
             "fetch.wait.max.ms": fetch_max_wait_ms,
-            "fetch.max.bytes": 64 << 20,
-            "max.partition.fetch.bytes": 16 << 20,
             "topic.metadata.refresh.interval.ms": 5000,
-            "log_level": 3,
-        }
+        })
         if instance_id:
             conf["group.instance.id"] = instance_id
-        conf.update(confluent_security(kw))
         try:
             self._consumer = ck.Consumer(conf)
             self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,

@@ -198,7 +198,7 @@ class _Record(msgspec.Struct, frozen=True):
     headers: Any
 
 
-def confluent_settings(bus: BusConfig, bootstrap: str, check_crcs: bool) -> dict[str, Any]:
+def confluent_settings(bus: BusConfig, bootstrap: str | None, check_crcs: bool) -> dict[str, Any]:
     """librdkafka settings equivalent to stream/bus.py's kafka-python ones."""
     from faultlens.stream.bus import client_kwargs, is_embedded
 
