@@ -16,14 +16,16 @@ wherever a GPU is at hand (the project's CI has none). It checks, in order:
 4. ``nvidia-smi -q`` text of this machine through the nvidia-smi classifier (a healthy
    GPU must read as normal).
 5. ``--agent``: the real agent as a process (``faultlens agent --kernel-log kmsg``, NVML
-   on) against the embedded broker; an Xid written into /dev/kmsg; the gpu and kernel
-   topics read back: samples received, the Xid record, line -> topic latency.
+   on) against the embedded broker, with the online diagnosis service running; an Xid 79
+   naming this machine's first GPU written into /dev/kmsg; the gpu, kernel and actions
+   topics read back: samples received, the Xid record (PCI bus -> GPU index), line ->
+   topic and line -> action latency.
 
 Prints a report and, last, one JSON object (``{"bench": "device_check", ...}``).
 ``--out DIR`` also writes the raw samples and the nvidia-smi text there.
 
 Example:
-    python benchmarks/device_check.py --samples 5 --out /tmp/device
+    python benchmarks/device_check.py --samples 5 --out /tmp/device --agent 60
 """
 
 from __future__ import annotations
@@ -148,47 +150,80 @@ def _nvidia_smi(report: dict[str, Any], out: Path | None) -> None:
         (out / "nvidia-smi-q.txt").write_text(text)
 
 
-def _agent_end_to_end(report: dict[str, Any], seconds: float) -> None:
-    from faultlens.config import BusConfig
-    from faultlens.stream.broker import EmbeddedBroker
-    from faultlens.stream.bus import Consumer, ensure_topics
+def _xid_line(bus_id: str, tag: str) -> str:
+    """An Xid 79 line as the driver prints it, for this machine's GPU (NVML ``00000000:1B:00.0`` -> ``0000:1b:00``)."""
+    dom, bus, dev = (bus_id.split(":") + ["0", "0", "0"])[:3] if bus_id else ("0", "00", "06.0")
+    return f"NVRM: Xid (PCI:{int(dom, 16) & 0xFFFF:04x}:{bus.lower()}:{dev.split('.')[0].lower()}): 79, pid=0, " \
+           f"GPU has fallen off the bus. ({tag}, injected)"
 
+
+def _agent_end_to_end(report: dict[str, Any], seconds: float, kernel_log: str = "kmsg") -> None:
+    """The real agent (NVML on, /dev/kmsg) -> embedded broker -> online diagnosis -> the action."""
+    from faultlens.config import BusConfig, Config, DiagnosisConfig, GuardConfig
+    from faultlens.diagnosis.online import DiagnosisService
+    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.topology import Topology
+
+    node = "gpu-node-1"
     with EmbeddedBroker() as broker:
-        bus = BusConfig(bootstrap_servers=broker.bootstrap)
+        bus = BusConfig(bootstrap_servers=broker.bootstrap, linger_ms=0)
         ensure_topics(bus)
+        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="device-check"),
+                        guard=GuardConfig(max_evicted_fraction=1.0))
+        service = DiagnosisService(config, bootstrap=broker.bootstrap, poll_timeout_ms=20, from_beginning=True).start()
+        topo = Topology.packed(tp=8, pp=1, dp=2, gpus_per_node=8, job="device-check", node_fmt="gpu-node-{:d}")
+        with Producer(bus, broker.bootstrap) as producer:
+            producer.send(schema.JobTopology(ts=time.time(), **topo.to_job_dict()))
+            producer.flush(5)
         spool = Path("/tmp/faultlens-device-spool")
         agent = subprocess.Popen(
             [sys.executable, "-m", "faultlens.cli", "agent", "--bootstrap-servers", broker.bootstrap,
-             "--kernel-log", "kmsg", "--node", "gpu-node-1", "--spool-dir", str(spool),
+             "--kernel-log", kernel_log, "--node", node, "--job", "device-check", "--spool-dir", str(spool),
              "--metrics-port", "0", "--duration-s", str(seconds + 10)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(4.0)  # the agent opens NVML and seeks /dev/kmsg to its end
-        line = "NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus. (faultlens device_check --agent, injected)"
-        injected_at = time.time()
-        with open("/dev/kmsg", "w") as kmsg:
-            kmsg.write(f"<3>{line}\n")
-        consumer = Consumer(bus, ["gpu", "kernel"], group_id=None, bootstrap=broker.bootstrap)
-        gpu_samples, xid_at, deadline = 0, None, time.time() + seconds
-        while time.time() < deadline:
-            for m in consumer.poll(timeout_ms=500):
+        consumer = Consumer(bus, ["gpu", "kernel", "actions"], group_id=None, bootstrap=broker.bootstrap,
+                            fetch_max_wait_ms=10)
+        gpu_samples, xid_at, action_at, injected_at, action = 0, None, None, None, None
+        started, deadline = time.time(), time.time() + seconds
+        up = (lambda: gpu_samples >= 3) if report.get("gpus") else (lambda: time.time() - started > 5)  # noqa: E731
+        line = _xid_line(str(report.get("first_gpu", {}).get("pci_bus", "")), "faultlens device_check --agent")
+        while time.time() < deadline and action_at is None:
+            if injected_at is None and up() and service.engine.job_of_node(node) == "device-check":
+                injected_at = time.time()  # the agent is up (samples flow) and diagnosis knows the job
+                with open("/dev/kmsg", "w") if kernel_log == "kmsg" else open(kernel_log, "a") as kmsg:  # no seek on kmsg
+                    kmsg.write(f"<3>{line}\n" if kernel_log == "kmsg" else f"{line}\n")
+            for m in consumer.poll(timeout_ms=5):
                 if m.kind == "gpu":
                     gpu_samples += 1
                 elif m.kind == "kernel" and b"device_check --agent" in m.value and xid_at is None:
-                    xid_at = m.timestamp_ms / 1000.0
+                    xid_at = time.time()
                     rec = decoder.decode("kernel", m.value, content_type=m.content_type)
-                    report["agent_xid_record"] = {"xid": rec.xid, "pci_bus": rec.pci_bus, "kind": rec.kind}
+                    report["agent_xid_record"] = {"xid": rec.xid, "pci_bus": rec.pci_bus, "gpu": rec.gpu,
+                                                  "kind": rec.kind}
+                elif m.kind == "actions" and injected_at is not None:
+                    a = schema.decode("actions", m.value)
+                    if node in a.nodes:
+                        action_at, action = time.time(), a
         consumer.close()
+        service.stop()
         agent.terminate()
         try:
             out, _ = agent.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             agent.kill()
             out, _ = agent.communicate()
+    since = lambda t: None if t is None or injected_at is None else round(t - injected_at, 3)  # noqa: E731
+    report["agent_xid_line"] = line
     report["agent_gpu_samples"] = gpu_samples
-    report["agent_xid_on_topic_s"] = None if xid_at is None else round(xid_at - injected_at, 3)
+    report["agent_xid_on_topic_s"] = since(xid_at)
+    report["agent_xid_to_action_s"] = since(action_at)
+    report["agent_action"] = None if action is None else {"type": str(action.type), "nodes": list(action.nodes),
+                                                          "confidence": action.confidence}
     report["agent_log_tail"] = out.splitlines()[-8:]
-    print(f"agent: {gpu_samples} GPU samples on the gpu topic in {seconds:.0f} s; injected Xid on the kernel "
-          f"topic after {report['agent_xid_on_topic_s']} s: {report.get('agent_xid_record')}")
+    print(f"agent: {gpu_samples} GPU samples on the gpu topic; injected {line!r}")
+    print(f"  on the kernel topic after {report['agent_xid_on_topic_s']} s: {report.get('agent_xid_record')}")
+    print(f"  action after {report['agent_xid_to_action_s']} s: {report['agent_action']}")
     print("  agent log tail:\n    " + "\n    ".join(report["agent_log_tail"]))
 
 
@@ -201,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one sample, nothing written to /dev/kmsg (seconds; also on a host without a GPU)")
     ap.add_argument("--agent", type=float, default=0.0, metavar="SECONDS",
                     help="also run the real agent against the embedded broker for this long (root, /dev/kmsg)")
+    ap.add_argument("--kernel-log", default="kmsg", metavar="kmsg|PATH",
+                    help="where --agent's agent reads and the script writes its Xid line (default /dev/kmsg; a file "
+                         "tries the path on a host whose kernel log is not yours to write)")
     args = ap.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         _xid_through_kmsg(report)
     _nvidia_smi(report, args.out)
     if args.agent > 0:
-        _agent_end_to_end(report, args.agent)
+        _agent_end_to_end(report, args.agent, args.kernel_log)
     print(json.dumps(report, default=str))
     return 0
 

@@ -32,6 +32,14 @@ _NVLINK_COUNTERS = (("nvlink_replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
                     ("nvlink_crc_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
                     ("nvlink_crc_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"))
 
+# The counters a sample carries (GpuState order). One this GPU or driver does not answer
+# is sent as null, never as GpuState's default 0: "no reading" is not "0 errors" or "idle".
+COUNTERS = ("util", "mem_util", "mem_used_mb", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz",
+            "throttle_reasons", "ecc_sbe", "ecc_dbe", "ecc_sbe_agg", "ecc_dbe_agg", "retired_pages",
+            "remap_pending", "remap_failure", "remapped_rows_corr", "remapped_rows_unc", "pcie_replay",
+            "nvlink_errors", "nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors",
+            "recovery_action")
+
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -114,6 +122,35 @@ class PynvmlBackend:
 
     def device_count(self) -> int:
         return len(self._handles)
+
+    def describe(self) -> dict[str, str]:
+        """Driver, NVML and per-GPU identity, and which events are registered (``agent --check``)."""
+        p = self._nvml
+        if p is None:
+            return {}
+        out: dict[str, str] = {}
+        for key, fn in (("driver", "nvmlSystemGetDriverVersion"), ("nvml", "nvmlSystemGetNVMLVersion"),
+                        ("cuda driver", "nvmlSystemGetCudaDriverVersion_v2")):
+            try:
+                out[key] = _text(getattr(p, fn)())
+            except (AttributeError, p.NVMLError):
+                out[key] = "?"
+        names = {"xid": p.nvmlEventTypeXidCriticalError, "ecc_dbe": p.nvmlEventTypeDoubleBitEccError,
+                 "ecc_sbe": p.nvmlEventTypeSingleBitEccError}
+        for i, h in enumerate(self._handles):
+            try:
+                name = _text(p.nvmlDeviceGetName(h))
+            except p.NVMLError:
+                name = "?"
+            try:
+                supported = int(p.nvmlDeviceGetSupportedEventTypes(h))
+                events = ", ".join(k for k, bit in names.items() if supported & bit) or "none"
+            except p.NVMLError as exc:
+                events = f"not available ({exc})"
+            if self._event_set is None:
+                events = "no event set"
+            out[f"GPU {i}"] = f"{name}; NVML events waited on: {events}"
+        return out
 
     def close(self) -> None:
         if self._nvml is None:
@@ -204,11 +241,11 @@ class PynvmlBackend:
             v = c(i, field, p.nvmlDeviceGetTotalEccErrors, h, getattr(p, err), getattr(p, counter))
             if v is not None:
                 f[field] = int(v)
-        pages = 0
+        pages = None  # page retirement is pre-Ampere; A100 and later remap rows instead
         for cause in ("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"):
             got = c(i, f"retired.{cause}", p.nvmlDeviceGetRetiredPages, h, getattr(p, cause))
             if got is not None:
-                pages += len(got)
+                pages = (pages or 0) + len(got)
         f["retired_pages"] = pages
         rr = c(i, "remapped_rows", p.nvmlDeviceGetRemappedRows, h)
         if rr is not None:
@@ -225,6 +262,8 @@ class PynvmlBackend:
                 f["recovery_action"] = int(vals[0].value.uiVal)
             elif vals is not None:
                 self._unsupported[i].add("recovery_action")
+        for name in COUNTERS:
+            f.setdefault(name, None)
         return GpuState(index=i, **f)
 
     def _read_nvlink(self, i: int, h: Any, f: dict[str, Any]) -> None:

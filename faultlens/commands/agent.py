@@ -15,7 +15,7 @@ HELP = ("Run the node agent: sample NVML, follow the kernel log (/dev/kmsg, jour
         "on-disk spool that survives broker outages. Health per source goes to the log and to /metrics.")
 EXAMPLE = ("faultlens agent --bootstrap-servers kafka:9092 --kernel-log kmsg "
            "--nccl-glob '/var/log/train/*/nccl*.log' --steps-glob '/var/log/train/*/steps*.jsonl' "
-           "--spool-dir /var/lib/faultlens/spool")
+           "--spool-dir /var/lib/faultlens/spool\n  faultlens agent --check      # what this node's agent would see, then exit")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-dir", metavar="DIR", help="on-disk spool for broker outages (default: [agent] spool_dir)")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on this port (0: off)")
     parser.add_argument("--duration-s", type=positive_float, default=None, help="stop after this many seconds (tests, benchmarks)")
+    parser.add_argument("--check", action="store_true",
+                        help="probe this node (NVML counters and events, kernel log, py-spy), print what the agent "
+                             "would see and exit: 1 when a source is there but broken")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -51,6 +54,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
         sources = tuple(s for s in sources if s != "nvml")
     changes["sources"] = sources
     config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, **changes))
+    if args.check:
+        from faultlens.collectors.check import check_node, render
+
+        findings = check_node(args.kernel_log or config.agent.kernel_follow, nvml="nvml" in sources)
+        print(render(findings))
+        return 0 if all(f.ok for f in findings) else 1
     bootstrap = config.bus.bootstrap_servers or None
     broker = None
     if not bootstrap:
