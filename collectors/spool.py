@@ -499,15 +499,16 @@ class Delivery:
         except Exception as exc:  # noqa: BLE001 - kafka-python raises several families here
             self._note_error(f"{type(exc).__name__}: {exc}")
         done = 0
-        lost = False
+        acked = []
         for fut in futures:
             if fut.is_done and fut.succeeded():
                 done += 1
-                lost = self._note_offset(fut.value) or lost
+                acked.append(fut.value)
             else:
                 if fut.is_done and fut.exception is not None:
                     self._note_error(str(fut.exception))
                 break
+        lost = self._offsets_went_back(acked)
         if self.retained is not None and done:
             lost = self._topic_ids_changed({e[0] for e in entries[:done]}) or lost
             if lost:
@@ -522,19 +523,25 @@ class Delivery:
         self.sent += done
         return done
 
-    def _note_offset(self, meta: Any) -> bool:
-        """Remember the partition's offset; True when it is not above the last one seen (the log went back)."""
-        offset = getattr(meta, "offset", -1)
-        if not isinstance(offset, int) or offset < 0:
-            return False
-        tp = (meta.topic, meta.partition)
-        high = self._high.get(tp)
-        if high is not None and offset <= high:
+    def _offsets_went_back(self, metas: list[Any]) -> bool:
+        """True when a partition's lowest offset of this round is not above its highest of an
+        earlier round: the broker's log went back. Within one round offsets may come out of
+        send order (a batch retried behind a later one), so only rounds are compared: every
+        record of a round was sent after the previous round was acknowledged."""
+        low: dict[tuple[str, int], int] = {}
+        high: dict[tuple[str, int], int] = {}
+        for meta in metas:
+            offset = getattr(meta, "offset", -1)
+            if not isinstance(offset, int) or offset < 0:
+                continue
+            tp = (meta.topic, meta.partition)
+            low[tp] = min(offset, low.get(tp, offset))
+            high[tp] = max(offset, high.get(tp, offset))
+        went_back = any(tp in self._high and lo <= self._high[tp] for tp, lo in low.items())
+        if went_back:
             self._high.clear()  # the new log's offsets are the baseline of every partition
-            self._high[tp] = offset
-            return True
-        self._high[tp] = offset
-        return False
+        self._high.update(high)
+        return went_back
 
     def _topic_ids_changed(self, kinds: set[str]) -> bool:
         changed = False

@@ -223,3 +223,16 @@ def test_a_torn_last_record_is_cut_so_later_appends_stay_readable(tmp_path: Path
     got, _ = again.peek(100)
     assert [int(v.split(b",")[0][8:]) for _, _, v in got] == list(range(15))
     assert again.corrupt_bytes == 9
+
+
+def test_offsets_out_of_send_order_within_a_round_are_not_a_lost_log(tmp_path: Path) -> None:
+    """A batch retried behind a later one acknowledges a lower offset after a higher one: seen on an
+    H200 at agent start as a spurious 'the broker lost records' and a resend. Only a later round
+    below an earlier one is a log that went back."""
+    from types import SimpleNamespace as Meta
+
+    d = Delivery(lambda: None, Spool(tmp_path / "s", max_bytes=1 << 20))
+    assert not d._offsets_went_back([Meta(topic="k", partition=0, offset=o) for o in (5, 6, 3, 4)])
+    assert not d._offsets_went_back([Meta(topic="k", partition=0, offset=7), Meta(topic="k", partition=1, offset=0)])
+    assert d._offsets_went_back([Meta(topic="k", partition=0, offset=2)])  # the log restarted
+    assert not d._offsets_went_back([Meta(topic="k", partition=0, offset=3)])  # the new log is the baseline
