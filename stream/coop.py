@@ -198,6 +198,6 @@ def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: 
                                    fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
     from faultlens.stream.bus import Consumer
 
-    extra = {"group_instance_id": instance_id} if instance_id else {}
+    extra: dict[str, Any] = {"group_instance_id": instance_id} if instance_id else {}
     return Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True, listener=listener,
                     fetch_max_wait_ms=fetch_max_wait_ms, **extra)

@@ -32,13 +32,17 @@ Outcome = tuple[int, Restored | BusError, float]
 class BackgroundRestorer:
     """``submit(p)`` queues a read; ``done()`` hands back what finished; ``cancel(p)``: a revoked partition."""
 
-    def __init__(self, open_reader: Callable[[], ChangelogReader]):
+    def __init__(self, open_reader: Callable[[], ChangelogReader], *, eager: bool = False):
+        """``eager``: open the reader now (on the worker thread), not at the first read: a client's
+        start-up (~1 s on the embedded broker) is then not part of the first restore."""
         self._open_reader = open_reader
         self._reader: ChangelogReader | None = None
         self._todo: queue.Queue[tuple[int, float] | None] = queue.Queue()
         self._done: queue.Queue[Outcome] = queue.Queue()
         self._lock = threading.Lock()
         self._wanted: dict[int, float] = {}  # partition -> when asked; a cancelled one is dropped
+        if eager:
+            self._todo.put((-1, 0.0))
         self._thread = threading.Thread(target=self._run, name="faultlens-restore", daemon=True)
         self._thread.start()
 
@@ -86,6 +90,12 @@ class BackgroundRestorer:
                 if item is None:
                     return
                 p, asked = item
+                if p < 0:  # eager: open the reader (or at the first read, if this fails)
+                    try:
+                        self._reader = self._reader or self._open_reader()
+                    except Exception as exc:  # noqa: BLE001 - the first read tries again and reports
+                        log.warning("changelog reader not opened ahead: %r", exc)
+                    continue
                 with self._lock:
                     if self._wanted.get(p) != asked:
                         continue
