@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from kafka import TopicPartition
 
 from faultlens.diagnosis.online.membership import (
     MemberConsumer,
@@ -134,13 +135,17 @@ def test_a_join_splits_the_partitions_and_a_silent_death_hands_them_back(bus: An
     try:
         _poll_until([a], lambda: _held(a) == every)
         assert la.events == [("assign", sorted(every))]
-        b = MemberConsumer(bus, ["diag-repartition"], listener=lb, member_id="b", **kw)
-        _poll_until([a, b], lambda: _held(a) | _held(b) == every and len(_held(b)) == 8 and not _held(a) & _held(b))
+        # b restores what it takes before it fetches it (the service's changelog read)
+        b = MemberConsumer(bus, ["diag-repartition"], listener=lb, member_id="b", restore_kinds=["diag-repartition"],
+                           **kw)
+        _poll_until([a, b], lambda: bool(lb.events) and len(_held(a)) == 8)
         name = topic("diag-repartition", bus.topic_prefix)
         share = sorted(p for (t, p), m in assign({name: REPARTITION_PARTITIONS}, ["a", "b"]).items() if m == "b")
         assert la.events[1:] == [("release", share)], "a did not release b's share before b took it"
         assert lb.events == [("assign", share)]
-        assert sorted(_held(b)) == share
+        assert _held(b) == set(), "b fetches a partition before its state is in"
+        b.ready(TopicPartition(name, p) for p in share)
+        assert sorted(_held(b)) == share and _held(a) | _held(b) == every
         b.membership.close(leave=False)  # b dies without a word (kill -9): its heartbeats stop
         started = time.monotonic()
         _poll_until([a], lambda: _held(a) == every)

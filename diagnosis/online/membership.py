@@ -335,24 +335,28 @@ class MemberConsumer:
     ``on_partitions_released`` (given up: checkpoint, then let go) and ``on_partitions_revoked``
     (lost to a fence: drop, write nothing).
 
-    A release takes two polls: the first stops fetching the partition and tells the listener,
-    the round's commit still covers it, and the next poll unassigns it and publishes the
-    heartbeat without it. So the service has checkpointed the jobs before another member may
-    take them."""
+    A partition of ``restore_kinds`` is fetched only once the service calls ``ready`` (its state
+    is restored): never fetched and then paused, because kafka-python parks a paused partition's
+    fetched records and, on a busy consumer, may not fetch that partition again for many seconds
+    (measured: 20 s on the full benchmark). A release stops fetching at once; the heartbeat
+    without the partition goes out at the next poll, after the service's round has checkpointed
+    its jobs, so the next holder restores what this one last decided."""
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None,
-                 listener: Any, member_id: str, fetch_max_wait_ms: int = 100, heartbeat_s: float = 0.5,
-                 timeout_s: float = 2.0):
+                 listener: Any, member_id: str, restore_kinds: Iterable[str] = (), fetch_max_wait_ms: int = 100,
+                 heartbeat_s: float = 0.5, timeout_s: float = 2.0):
         self.listener = listener
         self._consumer = Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True,
                                   manual=True, fetch_max_wait_ms=fetch_max_wait_ms)
         self.topics = self._consumer.topics
+        self._restore_topics = {topics.topic(k, bus.topic_prefix) for k in restore_kinds}
         try:
             self.membership = Membership(bus, bootstrap, member_id, heartbeat_s=heartbeat_s, timeout_s=timeout_s)
         except BusError:
             self._consumer.close()
             raise
-        self._releasing: set[Slot] = set()
+        self._releasing: set[Slot] = set()  # given up, their heartbeat not sent yet
+        self._waiting: set[Slot] = set()  # taken, not fetched until ready()
         self._partitions: dict[str, int] = {}
         self._partitions_at = 0.0
 
@@ -368,51 +372,55 @@ class MemberConsumer:
             self._partitions_at = time.monotonic()
         return self._partitions
 
-    def _assign(self, slots: set[Slot]) -> None:
-        from kafka import TopicPartition
-
-        self._consumer.raw.assign([TopicPartition(t, p) for t, p in sorted(slots)])
+    def _assign(self) -> None:
+        """Fetch what this member holds, less what waits for its state and what it is letting go."""
+        self._consumer.raw.assign(self._tps(set(self.membership.owned) - self._waiting - self._releasing))
 
     def _tps(self, slots: Iterable[Slot]) -> list[Any]:
         from kafka import TopicPartition
 
         return [TopicPartition(t, p) for t, p in sorted(slots)]
 
+    def ready(self, tps: Iterable[Any]) -> None:
+        """Partitions whose state is in: fetch them from now on."""
+        slots = {(tp.topic, tp.partition) for tp in tps} & self._waiting
+        if slots:
+            self._waiting -= slots
+            self._assign()
+
     def rebalance(self) -> None:
         """Apply what the membership says (called at each poll)."""
         m = self.membership
         if self._releasing:
-            self._assign(set(m.owned) - self._releasing)
             m.gave(self._releasing)
             log.info("membership: %s released %s", m.me, sorted(self._releasing))
             self._releasing = set()
-        counts = self._partition_counts()
-        plan = m.plan(counts)
+        plan = m.plan(self._partition_counts())
         if not plan:
             return
         if plan.lose:
             log.warning("membership: %s fenced off %s (another member holds them with a newer epoch)", m.me,
                         plan.lose)
-            self._assign(set(m.owned) - set(plan.lose))
             m.gave(plan.lose)
+            self._waiting -= set(plan.lose)
+            self._assign()
             self.listener.on_partitions_revoked(self._tps(plan.lose))
         if plan.give:
-            self._consumer.raw.pause(*self._tps(plan.give))
             self._releasing = set(plan.give)
+            self._waiting -= self._releasing
+            self._assign()
             released = getattr(self.listener, "on_partitions_released", self.listener.on_partitions_revoked)
             released(self._tps(plan.give))
         if plan.take:
             m.took(plan.take)
-            self._assign(set(m.owned))
+            self._waiting |= {s for s in plan.take if s[0] in self._restore_topics}
+            self._assign()
             log.info("membership: %s took %s (live: %s)", m.me, plan.take, m.live())
             self.listener.on_partitions_assigned(self._tps(plan.take))
 
     def poll(self, timeout_ms: int = 500, max_records: int = 10_000) -> list[Message]:
         self.rebalance()
-        batch = self._consumer.poll(timeout_ms, max_records)
-        if self._releasing:
-            batch = [x for x in batch if (x.topic, x.partition) not in self._releasing]
-        return batch
+        return self._consumer.poll(timeout_ms, max_records)
 
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
         self._consumer.commit(offsets)

@@ -261,6 +261,7 @@ class DiagnosisService:
             self.restore_failures += 1
             result = Restored({}, None, 0, time.monotonic() - started)
         restored = result
+        installing = time.monotonic()
         keys = 0
         for offset, why in restored.bad_marks:
             self._unreadable("marker", MARK_KEY, p, offset, why)
@@ -286,16 +287,21 @@ class DiagnosisService:
         self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
                               "seconds": round(time.monotonic() - started, 3), "from_offset": start,
                               "wall": time.time()})
-        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s, "
-                 "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
+        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s (read "
+                 "%.2f s, installed %.2f s), replaying from offset %d", p, keys, restored.records_read,
+                 time.monotonic() - started, restored.seconds, time.monotonic() - installing, start)
         self.ready.set()
 
     def _resume(self, p: int) -> None:
-        """Fetch a partition again that _refetch paused while its state was being read."""
-        if p not in self._paused or self._rep_consumer is None:
-            return
+        """Fetch a partition whose state is in: a MemberConsumer starts fetching it only now; a group
+        consumer resumes it if _refetch paused it while its state was being read."""
         from kafka import TopicPartition
 
+        if isinstance(self._rep_consumer, MemberConsumer):
+            self._rep_consumer.ready([TopicPartition(self.rep_topic, p)])
+            return
+        if p not in self._paused or self._rep_consumer is None:
+            return
         self._paused.discard(p)
         try:
             self._rep_consumer.raw.resume(TopicPartition(self.rep_topic, p))
@@ -571,7 +577,8 @@ class DiagnosisService:
                                                               eager=True)
         if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":
             return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=_listener(self),
-                                  member_id=d.instance_id or default_member_id(), heartbeat_s=d.member_heartbeat_s,
+                                  member_id=d.instance_id or default_member_id(), restore_kinds=[REPARTITION],
+                                  heartbeat_s=d.member_heartbeat_s,
                                   timeout_s=d.member_timeout_s, fetch_max_wait_ms=self.poll_timeout_ms)
         return group_consumer(bus, kinds, backend=d.consumer, group_id=gid, bootstrap=self.bootstrap,
                               listener=_listener(self), instance_id=d.instance_id,
