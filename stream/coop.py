@@ -18,7 +18,8 @@ bare members rebalance incrementally (tests/test_stream_coop.py), but with four
 diagnosis instances joining, Tansu made the first member lose its whole
 assignment (librdkafka's "lost" callback) and the moved jobs waited 10-13 s,
 against 2 s for kafka-python's eager protocol: ``auto`` keeps kafka-python
-there and takes this consumer on a real cluster.
+there and takes this consumer on a real cluster. On the embedded broker online
+diagnosis does not join a group at all by default (diagnosis/online/membership.py).
 
 Static membership (``group.instance.id``, KIP-345): ``instance_id`` sets it, so
 a restarted instance gets its partitions back without a rebalance, on a real

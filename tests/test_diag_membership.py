@@ -49,8 +49,8 @@ def test_a_join_moves_a_share_not_everything() -> None:
     assert sum(1 for m in after.values() if m == "d") == 4
 
 
-def _beat(member: str, owns: dict[str, int], *, ts: float, left: bool = False) -> bytes:
-    return json.dumps({"v": 1, "member": member, "ts": ts, "owns": owns, "left": left}).encode()
+def _beat(member: str, owns: dict[str, int], *, ts: float, left: bool = False, group: str = "") -> bytes:
+    return json.dumps({"v": 1, "group": group, "member": member, "ts": ts, "owns": owns, "left": left}).encode()
 
 
 def test_a_partition_is_taken_after_its_release_or_after_its_holder_went_silent() -> None:
@@ -75,9 +75,10 @@ def test_a_partition_is_taken_after_its_release_or_after_its_holder_went_silent(
     assert late.top_epoch[("t", 0)] == 100  # but its epochs count: a new claim goes above them
 
 
-def test_a_member_that_left_is_gone_at_once_and_a_newer_epoch_fences() -> None:
+def test_a_member_that_left_is_gone_at_once_another_group_is_no_member_and_a_newer_epoch_fences() -> None:
     view = MemberView("b", timeout_s=2.0)
     view.heard(_beat("a", {"t:0": 5}, ts=10.0, left=True), now=1.0, wall=10.0)
+    view.heard(_beat("x", {"t:0": 50}, ts=10.0, group="another-deployment"), now=1.0, wall=10.0)
     assert view.live(1.0) == ["b"]
     view.heard(_beat("c", {"t:1": 9}, ts=10.0), now=1.0, wall=10.0)
     plan = view.plan({("t", 1): 7, ("t", 0): 6}, {"t": 2}, now=1.1)

@@ -11,10 +11,11 @@ every job of the fleet for 2-3 s (Xid -> action p99 3.4 s while going 1 -> 2
 and the broker only stores records:
 
 * every instance heartbeats on ``diag-members`` (key: its member id) every
-  ``heartbeat_s``, and at once when what it holds changes: ``{"v": 1,
+  ``heartbeat_s``, and at once when what it holds changes: ``{"v": 1, "group",
   "member", "ts", "owns": {"<topic>:<partition>": epoch}, "left"}``;
-* every instance reads the whole topic: a member is live while its newest
-  heartbeat is younger than ``timeout_s`` and does not say it left;
+* every instance reads the whole topic: a member of its group (``group_id``)
+  is live while its newest heartbeat is younger than ``timeout_s`` and does
+  not say it left;
 * the target (``assign``) is a pure function of the live members: per topic,
   each partition goes to the live member that ranks highest for it by a hash
   (rendezvous hashing), at most ceil(partitions / members) each. Every
@@ -150,8 +151,9 @@ class Plan:
 class MemberView:
     """The other members' newest heartbeats; pure (no I/O), so the protocol is testable alone."""
 
-    def __init__(self, me: str, timeout_s: float):
+    def __init__(self, me: str, timeout_s: float, group: str = ""):
         self.me = me
+        self.group = group  # heartbeats of another group on the same topic are not members
         self.timeout_s = timeout_s
         self.beats: dict[str, Beat] = {}
         self.top_epoch: dict[Slot, int] = {}
@@ -165,9 +167,12 @@ class MemberView:
             owns = {parse_slot(k): int(e) for k, e in dict(beat.get("owns") or {}).items()}
             age = max(0.0, wall - float(beat["ts"]))  # a record read back at start-up is old
             left = bool(beat.get("left", False))
+            group = str(beat.get("group", ""))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self.unreadable += 1
             log.warning("membership: unreadable heartbeat %r: %s", (value or b"")[:200], exc)
+            return
+        if group != self.group:
             return
         for slot, epoch in owns.items():
             self.top_epoch[slot] = max(self.top_epoch.get(slot, 0), epoch)
@@ -202,15 +207,16 @@ class MemberView:
 class Membership:
     """This instance's heartbeats and its view of the others (a thread); see the module docstring."""
 
-    def __init__(self, bus: BusConfig, bootstrap: str | None, member_id: str, *, heartbeat_s: float = 0.5,
-                 timeout_s: float = 2.0):
+    def __init__(self, bus: BusConfig, bootstrap: str | None, member_id: str, *, group: str = "",
+                 heartbeat_s: float = 0.5, timeout_s: float = 2.0):
         from kafka import KafkaConsumer, TopicPartition
         from kafka.errors import KafkaError
 
         self.me = member_id
         self.heartbeat_s = heartbeat_s
         self.topic = topics.topic("diag-members", bus.topic_prefix)
-        self.view = MemberView(member_id, timeout_s)
+        self.group = group
+        self.view = MemberView(member_id, timeout_s, group)
         self.owned: dict[Slot, int] = {}
         self.ready = threading.Event()
         self._lock = threading.RLock()
@@ -277,7 +283,7 @@ class Membership:
 
     def _publish(self, *, left: bool = False) -> None:
         with self._lock:
-            value = json.dumps({"v": VERSION, "member": self.me, "ts": time.time(), "left": left,
+            value = json.dumps({"v": VERSION, "group": self.group, "member": self.me, "ts": time.time(), "left": left,
                                 "owns": {slot_key(s): e for s, e in sorted(self.owned.items())}}).encode()
             self._last_beat = time.monotonic()
         try:
@@ -351,7 +357,8 @@ class MemberConsumer:
         self.topics = self._consumer.topics
         self._restore_topics = {topics.topic(k, bus.topic_prefix) for k in restore_kinds}
         try:
-            self.membership = Membership(bus, bootstrap, member_id, heartbeat_s=heartbeat_s, timeout_s=timeout_s)
+            self.membership = Membership(bus, bootstrap, member_id, group=group_id, heartbeat_s=heartbeat_s,
+                                         timeout_s=timeout_s)
         except BusError:
             self._consumer.close()
             raise
