@@ -129,7 +129,16 @@ class DiagnosisConfig:
     consumer: str = "auto"
     # Static membership (group.instance.id), one stable id per instance: a restart within the session
     # timeout keeps its partitions, no rebalance (real Kafka 2.3+; the embedded broker does not honour it).
+    # Under membership "members" it is the member id: a restart takes back the same partitions at once.
     instance_id: str = ""
+    # Who holds which partition (diagnosis/online/membership.py): "members" (heartbeats on the topic
+    # diag-members, manual assignment: no group join, a join or leave stops only the partitions that
+    # move, a dead instance's partitions move member_timeout_s after its last heartbeat), "group" (the
+    # Kafka consumer group, `consumer` above); "auto": members on the embedded broker (a group join
+    # there waits ~2 s and stops every instance), group on a real Kafka.
+    membership: str = "auto"
+    member_heartbeat_s: float = 0.5
+    member_timeout_s: float = 2.0
 
 
 @dataclass(frozen=True)

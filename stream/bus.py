@@ -265,10 +265,13 @@ class Consumer:
         bootstrap: str | None = None,
         from_beginning: bool = True,
         listener: Any = None,
+        manual: bool = False,
         **overrides: Any,
     ):
         """``listener``: a ``kafka.ConsumerRebalanceListener`` for a group member
-        (kafka-python calls it on its IO thread); ``overrides``: KafkaConsumer options."""
+        (kafka-python calls it on its IO thread); ``manual``: join no group and assign nothing, the
+        caller assigns partitions (``raw.assign``) and commits as ``group_id``
+        (diagnosis.online.membership); ``overrides``: KafkaConsumer options."""
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
@@ -297,7 +300,9 @@ class Consumer:
         self.topics = [topics.topic(k, self.prefix) for k in kinds]
         try:
             self._consumer = KafkaConsumer(**kw)
-            if group_id is not None:
+            if manual:
+                pass
+            elif group_id is not None:
                 self._consumer.subscribe(self.topics, listener=listener)
             else:
                 from kafka import TopicPartition

@@ -18,7 +18,8 @@ bare members rebalance incrementally (tests/test_stream_coop.py), but with four
 diagnosis instances joining, Tansu made the first member lose its whole
 assignment (librdkafka's "lost" callback) and the moved jobs waited 10-13 s,
 against 2 s for kafka-python's eager protocol: ``auto`` keeps kafka-python
-there and takes this consumer on a real cluster.
+there and takes this consumer on a real cluster. On the embedded broker online
+diagnosis does not join a group at all by default (diagnosis/online/membership.py).
 
 Static membership (``group.instance.id``, KIP-345): ``instance_id`` sets it, so
 a restarted instance gets its partitions back without a rebalance, on a real
@@ -198,6 +199,6 @@ def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: 
                                    fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
     from faultlens.stream.bus import Consumer
 
-    extra = {"group_instance_id": instance_id} if instance_id else {}
+    extra: dict[str, Any] = {"group_instance_id": instance_id} if instance_id else {}
     return Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True, listener=listener,
                     fetch_max_wait_ms=fetch_max_wait_ms, **extra)

@@ -24,12 +24,15 @@ NAMES = (
     "diag-repartition",
     "diag-changelog",
     "diag-guard",
+    "diag-members",
 )
 # Internal topics of the online diagnosis (diagnosis.online.repartition, diagnosis.online.state): telemetry
 # re-keyed by job, and the per-job state checkpoints. Both have REPARTITION_PARTITIONS
 # partitions: a job's state lives in the changelog partition of its input partition.
 # diag-guard: the guard log (diagnosis.guardlog), one partition so every instance folds one order.
-INTERNAL = ("diag-repartition", "diag-changelog", "diag-guard")
+# diag-members: the instances' heartbeats and the partitions each holds (diagnosis.online.membership),
+# one partition, keyed by instance, compacted.
+INTERNAL = ("diag-repartition", "diag-changelog", "diag-guard", "diag-members")
 REPARTITION_PARTITIONS = 16
 TELEMETRY = ("gpu", "kernel", "nccl", "steps", "stacks", "jobs")
 # What the key of each kind's messages is.
@@ -48,12 +51,13 @@ KEY_FIELD = {
     "diag-repartition": "job",
     "diag-changelog": "job",
     "diag-guard": "job",
+    "diag-members": "member",
 }
 # Partitions created for each topic by `ensure_topics` (a real cluster may differ).
 DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4,
                       "diag-repartition": REPARTITION_PARTITIONS, "diag-changelog": REPARTITION_PARTITIONS}
 # Topic settings asked for at creation (a broker that ignores them, like Tansu, still works).
-TOPIC_CONFIGS = {"diag-changelog": {"cleanup.policy": "compact"}}
+TOPIC_CONFIGS = {"diag-changelog": {"cleanup.policy": "compact"}, "diag-members": {"cleanup.policy": "compact"}}
 
 
 def topic(name: str, prefix: str = DEFAULT_PREFIX) -> str:

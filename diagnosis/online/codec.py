@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import itertools
 import math
 import sys
 from typing import Any
@@ -228,6 +229,23 @@ class _Decoder:
             return [{"$t": x} for x in items]
         return items
 
+    def items(self, doc: dict[str, Any], tag: str) -> list[Any]:
+        """A sequence's values. Plain values and plain rows (most of a job's state: (ts, value)
+        histories) are taken as they are, without a call per value: a restore moving a partition's
+        jobs spent ~85% of its time here (14 ms for one 8-node job)."""
+        items = doc[tag]
+        if not isinstance(items, list):
+            raise CodecError(f"{tag} holds no list")
+        if doc.get("rows"):  # plain tuples, written as lists
+            if items and set(map(type, items)) != {list}:
+                raise CodecError(f"{tag}: rows that are not lists")
+            if set(map(type, itertools.chain.from_iterable(items))) <= _PLAIN:
+                return list(map(tuple, items))
+            return [tuple(self.dec(v) for v in x) for x in items]
+        if set(map(type, items)) <= _PLAIN:
+            return items
+        return [self.dec(x) for x in items]
+
     def dec(self, d: Any) -> Any:  # noqa: C901 - one branch per form, see the table
         if d is None or isinstance(d, (bool, str, int, float)):
             return d
@@ -250,13 +268,13 @@ class _Decoder:
             return base64.b64decode(str(d["$b"]), validate=True)
         if "$l" in d:
             out: list[Any] = self.put(d, [])
-            out.extend(self.dec(x) for x in self.seq(d, "$l"))
+            out.extend(self.items(d, "$l"))
             return out
         if "$t" in d:
             return self.put(d, tuple(self.dec(x) for x in self.seq(d, "$t")))
         if "$s" in d:
             s: set[Any] = self.put(d, set())
-            s.update(self.dec(x) for x in self.seq(d, "$s"))
+            s.update(self.items(d, "$s"))
             return s
         if "$fs" in d:
             return self.put(d, frozenset(self.dec(x) for x in self.seq(d, "$fs")))
@@ -265,7 +283,7 @@ class _Decoder:
             if maxlen is not None and (type(maxlen) is not int or maxlen < 0):
                 raise CodecError(f"bad deque length {maxlen!r}")
             q: collections.deque[Any] = self.put(d, collections.deque(maxlen=maxlen))
-            q.extend(self.dec(x) for x in self.seq(d, "$q"))
+            q.extend(self.items(d, "$q"))
             return q
         if "$m" in d or "$dd" in d:
             tag = "$m" if "$m" in d else "$dd"

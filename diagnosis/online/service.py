@@ -44,6 +44,7 @@ from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.online.hotpath import forwarded_headers
+from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.online.restorer import BackgroundRestorer
 from faultlens.diagnosis.online.state import (
@@ -87,7 +88,9 @@ def _listener(service: DiagnosisService) -> Any:
 
     kafka-python 3 calls listeners on its IO loop (the one that heartbeats), so
     they must not block; the service's own thread restores and lets go at the
-    top of its next round, before it applies any record of those partitions."""
+    top of its next round, before it applies any record of those partitions.
+    ``released`` (membership.MemberConsumer only): given up while still held, so
+    the jobs are checkpointed before they go; ``revoked``: already gone, write nothing."""
     from kafka import ConsumerRebalanceListener
 
     class _Rebalance(ConsumerRebalanceListener):
@@ -96,6 +99,9 @@ def _listener(service: DiagnosisService) -> Any:
 
         def on_partitions_assigned(self, assigned: Any) -> None:
             service._events.put(("assign", [tp.partition for tp in assigned if tp.topic == service.rep_topic]))
+
+        def on_partitions_released(self, released: Any) -> None:
+            service._events.put(("release", [tp.partition for tp in released if tp.topic == service.rep_topic]))
 
     return _Rebalance()
 
@@ -202,15 +208,17 @@ class DiagnosisService:
                 what, parts = self._events.get_nowait()
             except queue.Empty:
                 break
-            if what == "revoke":
-                self._on_revoked(parts)
+            if what in ("revoke", "release"):
+                self._on_revoked(parts, checkpoint=what == "release")
             else:
                 self._on_assigned(parts)
         if self._restorer is not None:
             for p, result, asked in self._restorer.done():
                 self._install(p, result, asked)
 
-    def _on_revoked(self, partitions: list[int]) -> None:
+    def _on_revoked(self, partitions: list[int], *, checkpoint: bool = False) -> None:
+        """Let partitions go; ``checkpoint``: they are still this instance's until it says so
+        (membership "members"), so their jobs are checkpointed first and the next owner replays less."""
         if self._restorer is not None:
             for p in partitions:
                 self._restorer.cancel(p)
@@ -218,8 +226,10 @@ class DiagnosisService:
         gone = set(partitions) & self.partitions
         if not gone:
             return
-        # Nothing to write: every round ends checkpointed or with its changes still
+        # Nothing else to write: every round ends checkpointed or with its changes still
         # unsent, and the next owner replays those from the partition's marker.
+        if checkpoint and self._producer is not None:
+            self._checkpoint(self._producer, gone)
         for key in [k for k, st in self.states.items() if st.partition in gone]:
             del self.states[key]
         for p in gone:
@@ -251,6 +261,7 @@ class DiagnosisService:
             self.restore_failures += 1
             result = Restored({}, None, 0, time.monotonic() - started)
         restored = result
+        installing = time.monotonic()
         keys = 0
         for offset, why in restored.bad_marks:
             self._unreadable("marker", MARK_KEY, p, offset, why)
@@ -276,16 +287,21 @@ class DiagnosisService:
         self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
                               "seconds": round(time.monotonic() - started, 3), "from_offset": start,
                               "wall": time.time()})
-        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s, "
-                 "replaying from offset %d", p, keys, restored.records_read, time.monotonic() - started, start)
+        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s (read "
+                 "%.2f s, installed %.2f s), replaying from offset %d", p, keys, restored.records_read,
+                 time.monotonic() - started, restored.seconds, time.monotonic() - installing, start)
         self.ready.set()
 
     def _resume(self, p: int) -> None:
-        """Fetch a partition again that _refetch paused while its state was being read."""
-        if p not in self._paused or self._rep_consumer is None:
-            return
+        """Fetch a partition whose state is in: a MemberConsumer starts fetching it only now; a group
+        consumer resumes it if _refetch paused it while its state was being read."""
         from kafka import TopicPartition
 
+        if isinstance(self._rep_consumer, MemberConsumer):
+            self._rep_consumer.ready([TopicPartition(self.rep_topic, p)])
+            return
+        if p not in self._paused or self._rep_consumer is None:
+            return
         self._paused.discard(p)
         try:
             self._rep_consumer.raw.resume(TopicPartition(self.rep_topic, p))
@@ -508,14 +524,7 @@ class DiagnosisService:
         jobs_reader = consumer = None
         try:
             jobs_reader = Consumer(bus, ["jobs"], group_id=None, bootstrap=self.bootstrap, from_beginning=True)
-            # One consumer, one group, for both stages: the input topics (repartitioned) and the
-            # repartition topic (diagnosed). Two groups per process made Tansu's joins take 10-40 s.
-            # kafka-python (eager rebalances) or confluent-kafka (cooperative: a membership change stops
-            # only the partitions that move; stream/coop.py).
-            consumer = self._rep_consumer = group_consumer(
-                bus, [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION], backend=self.config.diagnosis.consumer,
-                group_id=gid, bootstrap=self.bootstrap, listener=_listener(self), instance_id=self.config.diagnosis.instance_id,
-                fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms default
+            consumer = self._rep_consumer = self._consumer(gid)
             repartitioner = self.repartitioner
 
             def handle(batch: Sequence[Message]) -> None:
@@ -555,6 +564,25 @@ class DiagnosisService:
                 self.guard_log.close()
                 self.guard_log, self._owns_guard_log = None, False
             producer.close()
+
+    def _consumer(self, gid: str) -> Any:
+        """One consumer for both stages: the input topics (repartitioned) and the repartition topic
+        (diagnosed); two groups per process made Tansu's joins take 10-40 s. Its partitions are decided
+        by the members topic (membership.py: no group join) or by the consumer group: kafka-python (eager
+        rebalances) or confluent-kafka (cooperative-sticky, stream/coop.py)."""
+        d, bus = self.config.diagnosis, self.config.bus
+        kinds = [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION]
+        # The changelog reader is opened now, not at the first assignment (~1 s of client start-up).
+        self._restorer = self._restorer or BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap),
+                                                              eager=True)
+        if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":
+            return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=_listener(self),
+                                  member_id=d.instance_id or default_member_id(), restore_kinds=[REPARTITION],
+                                  heartbeat_s=d.member_heartbeat_s,
+                                  timeout_s=d.member_timeout_s, fetch_max_wait_ms=self.poll_timeout_ms)
+        return group_consumer(bus, kinds, backend=d.consumer, group_id=gid, bootstrap=self.bootstrap,
+                              listener=_listener(self), instance_id=d.instance_id,
+                              fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms
 
     def start(self) -> DiagnosisService:
         self._thread = threading.Thread(target=self.serve, name="faultlens-diagnosis", daemon=True)

@@ -281,53 +281,61 @@ class ChangelogReader:
             raise BusError(f"cannot read {self.name}: {exc}") from exc
 
     def read(self, partition: int, *, timeout_s: float = 60.0) -> Restored:
+        return self.read_many([partition], timeout_s=timeout_s)[partition]
+
+    def read_many(self, partitions: list[int], *, timeout_s: float = 60.0) -> dict[int, Restored]:
+        """Several partitions in one pass (one assignment, fetches of all of them together): the
+        partitions of a join or a failover come back together, not one restore after another."""
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
         started = time.monotonic()
         c = self._consumer
-        tp = TopicPartition(self.name, partition)
-        values: dict[str, bytes] = {}
-        offsets: dict[str, int] = {}
-        bad_marks: list[tuple[int, str]] = []
-        mark = None
-        n = 0
+        values: dict[int, dict[str, bytes]] = {p: {} for p in partitions}
+        offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
+        bad_marks: dict[int, list[tuple[int, str]]] = {p: [] for p in partitions}
+        marks: dict[int, dict[str, Any] | None] = dict.fromkeys(partitions)
+        n = dict.fromkeys(partitions, 0)
         try:
-            known = c.partitions_for_topic(self.name)
-            if not known or partition not in known:
+            known = c.partitions_for_topic(self.name) or set()
+            missing = [p for p in partitions if p not in known]
+            if missing:
                 # No such topic on the broker (a memory-only broker restarted without it): nothing
                 # to restore, and asking its offsets would only wait out the client's timeout. The
                 # topics are made again so that this instance's checkpoints have somewhere to go.
-                log.warning("%s has no partition %d on the broker: nothing to restore", self.name, partition)
+                log.warning("%s has no partition %s on the broker: nothing to restore", self.name, missing)
                 from faultlens.stream.bus import ensure_topics
 
                 ensure_topics(self._bus, self._bootstrap)
-                return Restored(values, mark, 0, time.monotonic() - started)
-            c.assign([tp])
-            c.seek_to_beginning(tp)
-            end = c.end_offsets([tp])[tp]
-            while c.position(tp) < end:
+            tps = [TopicPartition(self.name, p) for p in partitions if p in known]
+            c.assign(tps)
+            if tps:
+                c.seek_to_beginning(*tps)
+                ends = c.end_offsets(tps)
+            while tps and any(c.position(tp) < ends[tp] for tp in tps):
                 if time.monotonic() - started > timeout_s:
-                    raise BusError(f"restoring {self.name}[{partition}] took over {timeout_s:.0f} s "
-                                   f"({c.position(tp)}/{end} read)")
-                for msgs in c.poll(timeout_ms=500, max_records=5000).values():
+                    behind = ", ".join(f"[{tp.partition}] {c.position(tp)}/{ends[tp]}" for tp in tps)
+                    raise BusError(f"restoring {self.name} took over {timeout_s:.0f} s (read: {behind})")
+                for tp, msgs in c.poll(timeout_ms=500, max_records=5000).items():
+                    p = tp.partition
                     for m in msgs:
-                        n += 1
+                        n[p] += 1
                         key = m.key.decode("utf-8", "replace") if m.key else ""
                         if key == MARK_KEY:
                             try:
-                                mark = read_mark(m.value)  # the newest marker that reads wins
+                                marks[p] = read_mark(m.value)  # the newest marker that reads wins
                             except CheckpointError as exc:
-                                bad_marks.append((m.offset, str(exc)))
+                                bad_marks[p].append((m.offset, str(exc)))
                         elif m.value is None:
-                            values.pop(key, None)  # a tombstone: that job starts afresh
-                            offsets.pop(key, None)
+                            values[p].pop(key, None)  # a tombstone: that job starts afresh
+                            offsets[p].pop(key, None)
                         else:
-                            values[key] = m.value
-                            offsets[key] = m.offset
+                            values[p][key] = m.value
+                            offsets[p][key] = m.offset
         except KafkaError as exc:
-            raise BusError(f"restoring {self.name}[{partition}] failed: {exc}") from exc
-        return Restored(values, mark, n, time.monotonic() - started, offsets, bad_marks)
+            raise BusError(f"restoring {self.name}{sorted(partitions)} failed: {exc}") from exc
+        took = time.monotonic() - started
+        return {p: Restored(values[p], marks[p], n[p], took, offsets[p], bad_marks[p]) for p in partitions}
 
     def close(self) -> None:
         self._consumer.close()
