@@ -65,6 +65,7 @@ from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
+from faultlens.stream.decode import GpuColumns
 from faultlens.stream.schema import (
     Action,
     ActionStatus,
@@ -165,14 +166,23 @@ class DiagnosisEngine:
     # ------------------------------------------------------------------ input
 
     def observe(self, record: Any) -> list[Output]:
-        """Take one record; returns what it caused (incidents updated, actions, commands)."""
+        """Take one record; returns what it caused (incidents updated, actions, commands).
+
+        A GPU sample may come as ``GpuColumns`` (online: stream.decode with ``columnar=True``): one that
+        repeats its node's counters is taken without a GpuState built (``_steady_gpu``); any other is read
+        as its record."""
+        columns = None
+        if type(record) is GpuColumns:
+            if self._steady_gpu(record):
+                return self._drain()
+            columns, record = record, record.record()
         self.counts["records"] += 1
         record = self._last_known.fill(record)
         ts = getattr(record, "ts", None) if not isinstance(record, ActionStatus) else None  # the runner's clock
         if isinstance(ts, (int, float)) and ts > self.now:
             self._advance(float(ts))
         try:
-            self._observe(record)
+            self._observe(record, columns)
         except Exception:  # a bad record is counted and skipped; it never stops the service
             self.counts["bad_records"] += 1
             log.exception("diagnosis skipped a record it could not handle: %r", type(record).__name__)
@@ -185,17 +195,19 @@ class DiagnosisEngine:
                 log.exception("detector %s failed on a record", getattr(det, "name", det))
         return self._drain()
 
-    def _observe(self, record: Any) -> None:
+    def _observe(self, record: Any, columns: GpuColumns | None = None) -> None:
         if isinstance(record, JobTopology):
             self.set_topology(record)
         elif isinstance(record, GpuSample):
-            record = self._known_gpus_only(record)
-            for f in self.counters.observe(record):
+            sample = self._known_gpus_only(record)
+            for f in self.counters.observe(sample):
                 self._file_finding(f)
-            job = self._jobs.get(self._node_job.get(record.node, ""))
+            job = self._jobs.get(self._node_job.get(sample.node, ""))
             if job is not None:
-                job.progress.observe_gpu(record)
-                _gpu_since_last_step(job, record)
+                job.progress.observe_gpu(sample)
+                _gpu_since_last_step(job, sample)
+            if columns is not None and sample is record and not self.detectors:
+                self.counters.begin_run(columns, sample)  # the next samples like this one take the steady path
         elif isinstance(record, KernelEvent):
             self._on_line(record, self.job_of_node(record.node))
         elif isinstance(record, NcclEvent):
@@ -226,6 +238,30 @@ class DiagnosisEngine:
         inc.status = "open"
         inc.summary = f"open: {inc.state.refused}; a person decides"
         inc.dirty = True
+
+    def _steady_gpu(self, columns: GpuColumns) -> bool:
+        """Take a columnar GPU sample that repeats its node's counters (rules.CounterRules.steady) without a
+        GpuState: what reading its record would do, nothing else. False: it must be read as its record (a
+        detector reads every sample; in a job's silence after its last step each GPU's figures count)."""
+        if self.detectors:
+            return False
+        job = self._jobs.get(self._node_job.get(columns.node, ""))
+        progress = job.progress if job is not None else None
+        grace = None
+        if progress is not None and progress.last_step_ts is not None and columns.n:
+            grace = max(5.0, 2.0 * progress.median_step_s())
+            if columns.ts > progress.last_step_ts + grace:
+                return False  # _gpu_since_last_step and the progress counts read each GPU
+        if not self.counters.steady(columns):
+            return False
+        self.counts["records"] += 1
+        self._last_known.note(columns)  # no null in it: its GPUs are the last known ones
+        if columns.ts > self.now:
+            self._advance(columns.ts)
+        if progress is not None and grace is not None:
+            progress.observe_gpu_means(columns.ts, columns.floats("util"),
+                                       [m for m in columns.floats("mem_used_mb") if m], grace)
+        return True
 
     def _known_gpus_only(self, sample: GpuSample) -> GpuSample:
         """A GPU entry whose index the node does not have (negative, or outside the GPUs the job's topology
@@ -264,6 +300,7 @@ class DiagnosisEngine:
         state = self._job(topo.job)
         state.topology = topo
         for n in topo.nodes:
+            self.counters.end_run(n)  # the node's known GPUs may change: its next sample is read in full
             self._node_job[n] = topo.job
             ranks = topo.ranks_on(n)
             gpus = {topo.placement[r][1] for r in ranks}

@@ -55,7 +55,7 @@ from faultlens.errors import FaultlensError
 # until it does.
 MODULES = frozenset({
     "faultlens.config", "faultlens.records", "faultlens.signatures", "faultlens.vocabulary",
-    "faultlens.stream.schema", "faultlens.stream.topology",
+    "faultlens.stream.decode", "faultlens.stream.schema", "faultlens.stream.topology",
     "faultlens.diagnosis.bursts", "faultlens.diagnosis.engine", "faultlens.diagnosis.exceptions",
     "faultlens.diagnosis.guard", "faultlens.diagnosis.incidents", "faultlens.diagnosis.inhibit",
     "faultlens.diagnosis.jobwide", "faultlens.diagnosis.modes", "faultlens.diagnosis.nanloss",

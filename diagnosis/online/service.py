@@ -59,7 +59,8 @@ from faultlens.diagnosis.online.state import (
 )
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import BusError, ConfigError, SchemaError
-from faultlens.stream import schema, topics
+from faultlens.stream import decode as wire
+from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
 from faultlens.stream.coop import group_consumer
@@ -335,7 +336,9 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                record = schema.decode(kind, m.value, content_type=ctype)
+                # a columnar GPU sample stays columnar (stream.decode.GpuColumns): the engine builds its
+                # GpuStates only when its counters changed
+                record = wire.decode(kind, m.value, content_type=ctype, columnar=True)
             except (SchemaError, ValueError) as exc:
                 self.decode_errors += 1
                 if self._diag_loop is not None:

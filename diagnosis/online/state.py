@@ -66,8 +66,11 @@ MARK_KEY = "~mark"
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters", "guard_log", "on_suppressed", "routed_job"})  # routed_job: set from the job's key by EngineFactory
-DYNAMIC = ("book", "counters._gpus", "counters._present", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
+DYNAMIC = ("book", "counters._gpus", "counters._present", "counters._runs", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
            "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
+
+# Parts a checkpoint written before they existed lacks: read as empty (counters._runs: no steady run).
+OPTIONAL: dict[str, Callable[[], Any]] = {"counters._runs": dict}
 
 
 def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
@@ -171,8 +174,10 @@ def read_body(value: bytes | None) -> dict[str, Any]:
 def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
     body = read_body(value)
     parts = body["engine"]
-    if set(parts) != set(DYNAMIC):
+    if set(parts) | OPTIONAL.keys() != set(DYNAMIC) | OPTIONAL.keys():
         raise CheckpointError(f"checkpoint parts {sorted(parts)} are not {sorted(DYNAMIC)}")
+    for name, empty in OPTIONAL.items():
+        parts.setdefault(name, codec.encode(empty()))
     try:
         decoded = {name: codec.decode(part) for name, part in parts.items()}
         body["outbox"] = codec.decode(body.get("outbox"))
