@@ -10,6 +10,7 @@ module only owns the counters.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tomllib
 from array import array
@@ -161,6 +162,10 @@ class CounterRules:
         self._runs_ok = self._steady_ok and len({r.field for r in self._rates}) == len(self._rates) and len(windows) <= 1
         self._window = windows.pop() if windows else 0.0
         self._spans: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        # A checkpoint's rows of the per-GPU memory (memory_rows), kept until their node is read again:
+        # a node in a steady run is written from here, not encoded again.
+        self._rows: dict[tuple[str, int], list[Any]] = {}
+        self._touched: set[str] = set()
 
     # ------------------------------------------------------------------ steady runs
 
@@ -243,6 +248,7 @@ class CounterRules:
             for rule in self._rates:
                 memory[(node, g.index)].history[rule.field].clear()
         self._runs[node] = _SteadyRun(self._key(columns), deque(times), columns)
+        self._touched.add(node)
         return True
 
     def end_run(self, node: str) -> None:
@@ -251,6 +257,7 @@ class CounterRules:
         run = self._runs.pop(node, None)
         if run is None:
             return
+        self._touched.add(node)
         if run.samples:
             gpus = run.last.record().gpus
             for g in gpus:
@@ -272,9 +279,60 @@ class CounterRules:
 
     # ------------------------------------------------------------------ evaluation
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def fork(self) -> CounterRules:
+        """A copy sharing the compiled rules, with memory and caches of its own to be filled (a job's engine)."""
+        new = copy.copy(self)
+        new._rows, new._touched = {}, set()
+        return new
+
+    def memory_rows(self) -> list[list[Any]]:
+        """The per-GPU memory as plain rows (diagnosis.online.state writes them into a checkpoint; the
+        generic codec took ~30 us a GPU): ``[node, index, last, quiet, [[field, times, values]...],
+        [[rule, streak]...], [active rule...], [[rule, last fired]...]]``. A node not read since the last
+        call keeps its rows (a steady run changes none)."""
+        rows, touched = self._rows, self._touched
+        out = []
+        for key, mem in self._gpus.items():
+            row = rows.get(key)
+            if row is None or key[0] in touched:
+                row = rows[key] = [
+                    key[0], key[1], msgspec.to_builtins(mem.last) if mem.last is not None else None, mem.quiet,
+                    [[f, [t for t, _ in h], [v for _, v in h]] for f, h in mem.history.items()],
+                    [[k, v] for k, v in mem.streak.items()], sorted(mem.active),
+                    [[k, v] for k, v in mem.last_fired.items()]]
+            out.append(row)
+        touched.clear()
+        return out
+
+    def load_memory_rows(self, rows: Any) -> dict[tuple[str, int], _GpuMemory]:
+        """memory_rows read back, every value checked (a changelog's bytes are anyone's): ValueError names
+        what is wrong. ``last`` is read by msgspec as a GpuState; ``edge`` is made from it again."""
+        if not isinstance(rows, list):
+            raise ValueError("GPU memory: not a list of rows")
+        self._rows, self._touched = {}, set()  # rows of the memory this replaces
+        out: dict[tuple[str, int], _GpuMemory] = {}
+        for row in rows:
+            if not isinstance(row, list) or len(row) != 8:
+                raise ValueError("GPU memory: a row that is not 8 values")
+            node, index, last, quiet, history, streak, active, fired = row
+            if type(node) is not str or type(index) is not int or type(quiet) is not bool:
+                raise ValueError(f"GPU memory: bad node, index or quiet in {row[:4]!r}"[:300])
+            gpu = msgspec.convert(last, GpuState) if last is not None else None
+            mem = _GpuMemory(last=gpu, edge=self._edge_of(gpu) if gpu is not None else None, quiet=quiet,
+                             history={f: deque(zip(ts, vs, strict=True)) for f, ts, vs in _triples(history)},
+                             streak=dict(_pairs(streak, int)), active=set(_names(active)),
+                             last_fired=dict(_pairs(fired, (int, float))))
+            out[(node, index)] = mem
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+
     def observe(self, sample: GpuSample) -> list[Finding]:
         if self._runs and sample.node in self._runs:
             self.end_run(sample.node)
+        self._touched.add(sample.node)
         out: list[Finding] = []
         gpus = self._with_vanished(sample) if self._vanish else sample.gpus
         ts = sample.ts
@@ -427,6 +485,31 @@ class CounterRules:
                 return {rule.field: True}, {"value": value}
             return None
         return None  # pragma: no cover - validated at load
+
+
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(type(x) is str for x in value):
+        raise ValueError("GPU memory: rule names that are not strings")
+    return value
+
+
+def _pairs(value: Any, kind: Any) -> list[tuple[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 and type(p[0]) is str
+                                              and type(p[1]) in ((kind,) if isinstance(kind, type) else kind)
+                                              for p in value):
+        raise ValueError("GPU memory: rule figures that are not [name, number] pairs")
+    return [(p[0], p[1]) for p in value]
+
+
+def _triples(value: Any) -> list[tuple[str, list[float], list[Any]]]:
+    number = (int, float)
+    ok = isinstance(value, list) and all(
+        isinstance(x, list) and len(x) == 3 and type(x[0]) is str and isinstance(x[1], list)
+        and isinstance(x[2], list) and len(x[1]) == len(x[2]) and all(type(t) in number for t in x[1])
+        and all(v is None or type(v) in number for v in x[2]) for x in value)
+    if not ok:
+        raise ValueError("GPU memory: rate windows that are not [field, times, values]")
+    return [(x[0], x[1], x[2]) for x in value]
 
 
 def _fmt(template: str, **values: Any) -> str:
