@@ -242,25 +242,26 @@ class DiagnosisEngine:
     def _steady_gpu(self, columns: GpuColumns) -> bool:
         """Take a columnar GPU sample that repeats its node's counters (rules.CounterRules.steady) without a
         GpuState: what reading its record would do, nothing else. False: it must be read as its record (a
-        detector reads every sample; in a job's silence after its last step each GPU's figures count)."""
-        if self.detectors:
-            return False
-        job = self._jobs.get(self._node_job.get(columns.node, ""))
-        progress = job.progress if job is not None else None
-        grace = None
-        if progress is not None and progress.last_step_ts is not None and columns.n:
-            grace = max(5.0, 2.0 * progress.median_step_s())
-            if columns.ts > progress.last_step_ts + grace:
-                return False  # _gpu_since_last_step and the progress counts read each GPU
-        if not self.counters.steady(columns):
+        detector reads every sample)."""
+        if self.detectors or not self.counters.steady(columns):
             return False
         self.counts["records"] += 1
         self._last_known.note(columns)  # no null in it: its GPUs are the last known ones
-        if columns.ts > self.now:
-            self._advance(columns.ts)
-        if progress is not None and grace is not None:
-            progress.observe_gpu_means(columns.ts, columns.floats("util"),
-                                       [m for m in columns.floats("mem_used_mb") if m], grace)
+        ts = columns.ts
+        if ts > self.now:
+            self._advance(ts)
+        job = self._jobs.get(self._node_job.get(columns.node, ""))
+        if job is None:
+            return True
+        progress = job.progress
+        last = progress.last_step_ts
+        if last is not None:  # a run has GPUs: progress.observe_gpu and _gpu_since_last_step, on the columns
+            grace = max(5.0, 2.0 * progress.median_step_s())
+            utils = columns.floats("util")
+            progress.observe_gpu_means(ts, utils, [m for m in columns.floats("mem_used_mb") if m], grace)
+            if ts > last + grace:
+                _gpu_figures_since_last_step(job, columns.node, last, zip(columns.ints("index"), utils,
+                                                                           columns.floats("power_w"), strict=True))
         return True
 
     def _known_gpus_only(self, sample: GpuSample) -> GpuSample:
@@ -774,15 +775,21 @@ def _gpu_since_last_step(job: JobState, sample: GpuSample) -> None:
     last = job.progress.last_step_ts
     if last is None or sample.ts <= last + max(5.0, 2.0 * job.progress.median_step_s()):
         return
+    _gpu_figures_since_last_step(job, sample.node, last, ((g.index, g.util, g.power_w) for g in sample.gpus))
+
+
+def _gpu_figures_since_last_step(job: JobState, node: str, last: float,
+                                 figures: Iterable[tuple[int, float | None, float | None]]) -> None:
+    """_gpu_since_last_step on (GPU index, utilisation, power) of a sample after the grace."""
     if job.gpu_epoch != last:
         job.gpu_after, job.gpu_epoch = {}, last
-    for g in sample.gpus:
-        if g.util is None and g.power_w is None:
+    for index, util, power in figures:
+        if util is None and power is None:
             continue
-        acc = job.gpu_after.setdefault((sample.node, g.index), [0.0, 0.0, 0.0])
+        acc = job.gpu_after.setdefault((node, index), [0.0, 0.0, 0.0])
         acc[0] += 1
-        acc[1] += g.util if g.util is not None else -1.0
-        acc[2] += g.power_w or 0.0
+        acc[1] += util if util is not None else -1.0
+        acc[2] += power or 0.0
 
 
 def _evict_roots(ranking: hangroot.RootRanking, verdict: StackVerdict | None) -> Decision:

@@ -566,10 +566,17 @@ class GpuColumns(msgspec.Struct, frozen=True):
 
     def floats(self, name: str) -> list[float]:
         """A float column's values (the field's default for each GPU when the wire left it out)."""
+        return self._values(name, "d")
+
+    def ints(self, name: str) -> list[int]:
+        """An integer column's values (the field's default for each GPU when the wire left it out)."""
+        return self._values(name, "q")
+
+    def _values(self, name: str, code: str) -> list[Any]:
         raw = self.column(name)
         if raw is None:
             return [_GPU_DEFAULTS[name]] * self.n
-        a = array("d")
+        a = array(code)
         a.frombytes(raw)
         return a.tolist()
 

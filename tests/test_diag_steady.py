@@ -144,6 +144,9 @@ def test_the_engine_decides_the_same_on_columnar_samples() -> None:
     assert fast.counts == slow.counts
     assert sum(r.samples for r in fast.counters._runs.values()) > 100  # the steady path took samples
     assert [j.progress.to_dict() for j in fast._jobs.values()] == [j.progress.to_dict() for j in slow._jobs.values()]
+    assert [(j.gpu_after, j.gpu_epoch) for j in fast._jobs.values()] == [(j.gpu_after, j.gpu_epoch) for j in
+                                                                          slow._jobs.values()]
+    assert slow._jobs["job0001"].gpu_after  # the hang's per-GPU figures were gathered
     assert _memory(fast.counters) == _memory(slow.counters)
 
 

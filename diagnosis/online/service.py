@@ -544,12 +544,14 @@ class DiagnosisService:
                 if repartitioner.release() or topologies:
                     producer.flush(30.0)
                 if not loop.step(timeout_ms=0 if topologies or repartitioner.held else self.poll_timeout_ms):
+                    repartitioner.try_settle()  # idle: the last round's forwards, so their offsets commit
                     self._tick()
                     self._flush()
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
             self._tick(force=True)
             self._flush(force=True)
+            repartitioner.try_settle()
             loop.commit()
         finally:
             close_quietly(consumer, jobs_reader, self._restorer)
