@@ -108,12 +108,19 @@ def _lookup(name: Any) -> type:
     return obj
 
 
+_SLOTS: dict[type, list[str]] = {}
+
+
 def _slots(cls: type) -> list[str]:
+    known = _SLOTS.get(cls)
+    if known is not None:
+        return known
     out: list[str] = []
     for c in cls.__mro__:
         s = c.__dict__.get("__slots__", ())
         out.extend([s] if isinstance(s, str) else s)
-    return [s for s in out if s not in ("__dict__", "__weakref__")]
+    known = _SLOTS[cls] = [s for s in out if s not in ("__dict__", "__weakref__")]
+    return known
 
 
 class _Encoder:
@@ -171,7 +178,10 @@ class _Encoder:
                 out[tag] = [self.enc(x, f"{path}[]") for x in o]
             return out
         if t is dict or t is collections.defaultdict:
-            items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
+            if _plain(o) and _plain(o.values()):  # plain keys and values: as they are, in one go
+                items = [[k, v] for k, v in o.items()]
+            else:
+                items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
             if t is dict:
                 return {"$m": items, "#": n}
             factory = next((k for k, f in FACTORIES.items() if f is o.default_factory), None)

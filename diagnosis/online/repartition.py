@@ -23,10 +23,11 @@ that its records go out keyed ``~node/<node>`` and get node-local rules only
 (the "unknown" job). Offsets are committed only below the oldest held record
 (``hold_back``), so a crash never loses a held record.
 
-A round does not wait for its forwards to be acknowledged: the next round starts
-by waiting for them (``settle``: by then librdkafka has delivered them, while the
-consumer fetched), and until then ``hold_back`` keeps their input offsets
-uncommitted. A forward that fails is sent again by the next try; a crash before
+A round does not wait for its forwards to be acknowledged: librdkafka delivers
+them while the next batches are fetched and handled, and a later round waits for
+them (``settle``) once ``max_unsettled`` forwards or ``settle_after_s`` have
+gathered, as does the idle loop; until then ``hold_back`` keeps their input
+offsets uncommitted. A forward that fails is sent again by the next try; a crash before
 the acknowledgement re-reads the records, and diagnosis drops the copies (``so``).
 """
 
@@ -81,6 +82,9 @@ class Repartitioner:
         self._unsettled: dict[tuple[str, int], int] = {}
         self._kind_bytes: dict[str, bytes] = {}
         self.settle_timeout_s = 30.0
+        self.max_unsettled = 20_000  # forwards a round may leave unacknowledged (memory: references only)
+        self.settle_after_s = 1.0  # ... and for how long at most (commits lag by that)
+        self._sent_since = 0.0
         self.bad_topologies = 0
         # Where a jobs-topic message that does not decode goes (the service's ConsumeLoop.dead_letter).
         self.dead_letter: Callable[[Message, str, str], None] | None = None
@@ -117,7 +121,9 @@ class Repartitioner:
     def handle(self, batch: Sequence[Message]) -> None:
         """Forward one batch (ConsumeLoop handler); held records wait. The previous round's forwards are
         settled first; this round's are acknowledged while the next batch is fetched (see the module)."""
-        self.settle()
+        if len(self._sent) >= self.max_unsettled or (self._sent and self.clock() - self._sent_since
+                                                       >= self.settle_after_s):
+            self.settle()
         for m in batch:
             if m.timestamp_ms < self.not_before_ms:
                 self.skipped_old += 1
@@ -205,6 +211,8 @@ class Repartitioner:
         headers += [(h, v) for h, v in m.headers if h in PASS_HEADERS]
         self.producer.send_raw("diag-repartition", key, m.value, headers=headers)
         self.forwarded += 1
+        if not self._sent:
+            self._sent_since = self.clock()
         self._sent.append((m, key, source_key))
         where = (m.topic, m.partition)
         first = self._unsettled.get(where)

@@ -501,6 +501,7 @@ class DiagnosisService:
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
+        self.make_engine()  # the engine prototype (catalogs, classifier imports: ~1 s) before any record waits on it
         # Every round ends in a flush, so lingering only batches sends within a round.
         producer = self._producer = make_producer(bus, self.bootstrap, backend=self.config.diagnosis.producer,
                                                   keyring=self.keyring, linger_ms=20)
