@@ -80,6 +80,15 @@ def _plain(seq: Any) -> bool:
     return True
 
 
+def _records_by_plain_tuple(o: dict[Any, Any]) -> bool:
+    """A non-empty map of plain tuples to frozen records of one of our classes, all of one class."""
+    if not o:
+        return False
+    cls = type(next(iter(o.values())))
+    return (issubclass(cls, msgspec.Struct) and cls.__struct_config__.frozen and cls.__module__ in MODULES
+            and all(type(v) is cls for v in o.values()) and all(type(k) is tuple and _plain(k) for k in o))
+
+
 class CodecError(FaultlensError):
     """A value the codec cannot write, or a document it did not write."""
 
@@ -180,6 +189,9 @@ class _Encoder:
         if t is dict or t is collections.defaultdict:
             if _plain(o) and _plain(o.values()):  # plain keys and values: as they are, in one go
                 items = [[k, v] for k, v in o.items()]
+            elif _records_by_plain_tuple(o):  # (node, GPU) -> the GPU's last entry: the same form, in one go
+                name = _name(type(next(iter(o.values()))))
+                items = [[{"$t": list(k)}, {"$st": name, "v": msgspec.to_builtins(v)}] for k, v in o.items()]
             else:
                 items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
             if t is dict:
