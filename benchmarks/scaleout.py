@@ -120,6 +120,7 @@ def worker(args: argparse.Namespace) -> None:
             loop = service._diag_loop
             data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
                     "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
+                    "batches": loop.stats.batches if loop else 0,
                     "busy_cpu_s": loop.stats.busy_cpu_s if loop else 0.0, "cpu_s": time.process_time(),
                     "forwarded": r.forwarded if r else 0, "partitions": sorted(service.partitions),
                     "jobs": sorted(k for k in list(service.states) if not k.startswith("~")),
@@ -309,6 +310,10 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
                "records_by_instance": [s.get("applied", 0) for s in per],
                "jobs_by_instance": [len(s.get("jobs", [])) for s in per],
                "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity,
+               # small batches (an instance that keeps up with the feeder) spread each round's fixed work thin
+               "records_per_batch": [round((s.get("polled", 0) - s0.get("polled", 0)) / max(1, s.get("batches", 0)
+                                                                                          - s0.get("batches", 0)))
+                                     for s, s0 in zip(per, before, strict=True)],
                "records_per_handler_cpu_s": per_cpu, "records_per_process_cpu_s": per_proc,
                "load_avg_1m": round(os.getloadavg()[0], 2)}
         out.append(row)
