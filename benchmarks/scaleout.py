@@ -5,7 +5,7 @@ mode of this script), as in production; this process feeds the fleet
 (tests/fleetgen: jobs of 8 nodes x 8 GPUs plus nodes outside any job) and
 watches the output topics.
 
-1. throughput: 30 s of the fleet's records (NVML samples as the agent sends
+1. throughput: 30 s (``--quick``: 120 s) of the fleet's records (NVML samples as the agent sends
    them, MessagePack column-major, and step timings), written once 1, 2 or 4
    instances have joined, and drained: records/s in all and per instance, the
    partition balance, and records per busy second three ways: per wall second
@@ -127,6 +127,7 @@ def worker(args: argparse.Namespace) -> None:
             loop = service._diag_loop
             data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
                     "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
+                    "batches": loop.stats.batches if loop else 0,
                     "busy_cpu_s": loop.stats.busy_cpu_s if loop else 0.0, "cpu_s": time.process_time(),
                     "forwarded": r.forwarded if r else 0, "partitions": sorted(service.partitions),
                     "jobs": sorted(k for k in list(service.states) if not k.startswith("~")),
@@ -304,12 +305,22 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         per_cpu = [round(s.get("applied", 0) / b) if b else 0 for s, b in zip(per, cpu_busy, strict=True)]
         proc_cpu = [s.get("cpu_s", 0.0) - s0.get("cpu_s", 0.0) for s, s0 in zip(per, before, strict=True)]
         per_proc = [round(s.get("applied", 0) / c) if c > 0 else 0 for s, c in zip(per, proc_cpu, strict=True)]
+        # All instances together: records applied per second in any handler (the repartitioning of a record
+        # may run on another instance than its diagnosis, so one instance's own ratio is skewed by that).
+        applied_all = sum(s.get("applied", 0) for s in per)
+        all_busy = round(applied_all / sum(busy)) if sum(busy) else 0
+        all_cpu = round(applied_all / sum(cpu_busy)) if sum(cpu_busy) else 0
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
+               "records_per_busy_s_all": all_busy, "records_per_handler_cpu_s_all": all_cpu,
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
                "records_by_instance": [s.get("applied", 0) for s in per],
                "jobs_by_instance": [len(s.get("jobs", [])) for s in per],
                "busy_s": [round(b, 2) for b in busy], "records_per_busy_s": capacity,
+               # small batches (an instance that keeps up with the feeder) spread each round's fixed work thin
+               "records_per_batch": [round((s.get("polled", 0) - s0.get("polled", 0)) / max(1, s.get("batches", 0)
+                                                                                          - s0.get("batches", 0)))
+                                     for s, s0 in zip(per, before, strict=True)],
                "records_per_handler_cpu_s": per_cpu, "records_per_process_cpu_s": per_proc,
                "load_avg_1m": round(os.getloadavg()[0], 2)}
         out.append(row)
@@ -317,6 +328,12 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
               f"{row['partitions']}, records {row['records_by_instance']}, jobs {row['jobs_by_instance']}; "
               f"records per busy second {capacity}, per handler CPU second {per_cpu}, per process CPU second "
               f"{per_proc} (join {join_s:.1f} s, load {row['load_avg_1m']})", flush=True)
+        if out[0] is not row and out[0]["records_per_busy_s_all"]:
+            row["busy_scaling"] = round(all_busy / out[0]["records_per_busy_s_all"], 2)
+            row["cpu_scaling"] = round(all_cpu / max(1, out[0]["records_per_handler_cpu_s_all"]), 2)
+        print(f"    all instances: {all_busy} records per busy second, {all_cpu} per handler CPU second"
+              + (f" ({row['busy_scaling']} and {row['cpu_scaling']} of one instance's)" if "busy_scaling" in row
+                 else ""), flush=True)
     return out
 
 
@@ -547,7 +564,9 @@ def main() -> None:
     os.environ["SCALEOUT_MEMBERSHIP"] = args.membership
     nodes = args.nodes or (16 if args.smoke else 256 if args.quick else 2048)
     kills = args.kills or (2 if args.quick else 10)
-    seconds = 2 if args.smoke else 30  # of 1 Hz samples: a backlog the drain rate can be read from (5 s drained in a blink)
+    # Of 1 Hz samples: a backlog the drain rate can be read from (5 s drained in a blink; --quick's 256 nodes
+    # take 120 s, so each row drains for seconds and is not all start-up: first samples, engines, checkpoints)
+    seconds = 2 if args.smoke else 120 if args.quick else 30
     skip = set(filter(None, args.skip.split(","))) | ({"live", "kill"} if args.smoke else set())
     result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick,
                               "consumer": args.consumer, "producer": args.producer, "membership": args.membership}

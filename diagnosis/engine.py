@@ -65,6 +65,7 @@ from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
+from faultlens.stream.decode import GpuColumns
 from faultlens.stream.schema import (
     Action,
     ActionStatus,
@@ -165,14 +166,23 @@ class DiagnosisEngine:
     # ------------------------------------------------------------------ input
 
     def observe(self, record: Any) -> list[Output]:
-        """Take one record; returns what it caused (incidents updated, actions, commands)."""
+        """Take one record; returns what it caused (incidents updated, actions, commands).
+
+        A GPU sample may come as ``GpuColumns`` (online: stream.decode with ``columnar=True``): one that
+        repeats its node's counters is taken without a GpuState built (``_steady_gpu``); any other is read
+        as its record."""
+        columns = None
+        if type(record) is GpuColumns:
+            if self._steady_gpu(record):
+                return self._drain()
+            columns, record = record, record.record()
         self.counts["records"] += 1
         record = self._last_known.fill(record)
         ts = getattr(record, "ts", None) if not isinstance(record, ActionStatus) else None  # the runner's clock
         if isinstance(ts, (int, float)) and ts > self.now:
             self._advance(float(ts))
         try:
-            self._observe(record)
+            self._observe(record, columns)
         except Exception:  # a bad record is counted and skipped; it never stops the service
             self.counts["bad_records"] += 1
             log.exception("diagnosis skipped a record it could not handle: %r", type(record).__name__)
@@ -185,17 +195,19 @@ class DiagnosisEngine:
                 log.exception("detector %s failed on a record", getattr(det, "name", det))
         return self._drain()
 
-    def _observe(self, record: Any) -> None:
+    def _observe(self, record: Any, columns: GpuColumns | None = None) -> None:
         if isinstance(record, JobTopology):
             self.set_topology(record)
         elif isinstance(record, GpuSample):
-            record = self._known_gpus_only(record)
-            for f in self.counters.observe(record):
+            sample = self._known_gpus_only(record)
+            for f in self.counters.observe(sample):
                 self._file_finding(f)
-            job = self._jobs.get(self._node_job.get(record.node, ""))
+            job = self._jobs.get(self._node_job.get(sample.node, ""))
             if job is not None:
-                job.progress.observe_gpu(record)
-                _gpu_since_last_step(job, record)
+                job.progress.observe_gpu(sample)
+                _gpu_since_last_step(job, sample)
+            if columns is not None and sample is record and not self.detectors:
+                self.counters.begin_run(columns, sample)  # the next samples like this one take the steady path
         elif isinstance(record, KernelEvent):
             self._on_line(record, self.job_of_node(record.node))
         elif isinstance(record, NcclEvent):
@@ -226,6 +238,31 @@ class DiagnosisEngine:
         inc.status = "open"
         inc.summary = f"open: {inc.state.refused}; a person decides"
         inc.dirty = True
+
+    def _steady_gpu(self, columns: GpuColumns) -> bool:
+        """Take a columnar GPU sample that repeats its node's counters (rules.CounterRules.steady) without a
+        GpuState: what reading its record would do, nothing else. False: it must be read as its record (a
+        detector reads every sample)."""
+        if self.detectors or not self.counters.steady(columns):
+            return False
+        self.counts["records"] += 1
+        self._last_known.note(columns)  # no null in it: its GPUs are the last known ones
+        ts = columns.ts
+        if ts > self.now:
+            self._advance(ts)
+        job = self._jobs.get(self._node_job.get(columns.node, ""))
+        if job is None:
+            return True
+        progress = job.progress
+        last = progress.last_step_ts
+        if last is not None:  # a run has GPUs: progress.observe_gpu and _gpu_since_last_step, on the columns
+            grace = max(5.0, 2.0 * progress.median_step_s())
+            utils = columns.floats("util")
+            progress.observe_gpu_means(ts, utils, [m for m in columns.floats("mem_used_mb") if m], grace)
+            if ts > last + grace:
+                _gpu_figures_since_last_step(job, columns.node, last, zip(columns.ints("index"), utils,
+                                                                           columns.floats("power_w"), strict=True))
+        return True
 
     def _known_gpus_only(self, sample: GpuSample) -> GpuSample:
         """A GPU entry whose index the node does not have (negative, or outside the GPUs the job's topology
@@ -264,6 +301,7 @@ class DiagnosisEngine:
         state = self._job(topo.job)
         state.topology = topo
         for n in topo.nodes:
+            self.counters.end_run(n)  # the node's known GPUs may change: its next sample is read in full
             self._node_job[n] = topo.job
             ranks = topo.ranks_on(n)
             gpus = {topo.placement[r][1] for r in ranks}
@@ -737,15 +775,21 @@ def _gpu_since_last_step(job: JobState, sample: GpuSample) -> None:
     last = job.progress.last_step_ts
     if last is None or sample.ts <= last + max(5.0, 2.0 * job.progress.median_step_s()):
         return
+    _gpu_figures_since_last_step(job, sample.node, last, ((g.index, g.util, g.power_w) for g in sample.gpus))
+
+
+def _gpu_figures_since_last_step(job: JobState, node: str, last: float,
+                                 figures: Iterable[tuple[int, float | None, float | None]]) -> None:
+    """_gpu_since_last_step on (GPU index, utilisation, power) of a sample after the grace."""
     if job.gpu_epoch != last:
         job.gpu_after, job.gpu_epoch = {}, last
-    for g in sample.gpus:
-        if g.util is None and g.power_w is None:
+    for index, util, power in figures:
+        if util is None and power is None:
             continue
-        acc = job.gpu_after.setdefault((sample.node, g.index), [0.0, 0.0, 0.0])
+        acc = job.gpu_after.setdefault((node, index), [0.0, 0.0, 0.0])
         acc[0] += 1
-        acc[1] += g.util if g.util is not None else -1.0
-        acc[2] += g.power_w or 0.0
+        acc[1] += util if util is not None else -1.0
+        acc[2] += power or 0.0
 
 
 def _evict_roots(ranking: hangroot.RootRanking, verdict: StackVerdict | None) -> Decision:

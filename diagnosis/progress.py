@@ -95,10 +95,16 @@ class JobProgress:
             return
         utils = [g.util for g in sample.gpus if g.util is not None]
         mems = [g.mem_used_mb for g in sample.gpus if g.mem_used_mb]
+        self.observe_gpu_means(sample.ts, utils, mems, max(5.0, 2.0 * self.median_step_s()))
+
+    def observe_gpu_means(self, ts: float, utils: list[float], mems: list[float], grace: float) -> None:
+        """observe_gpu on a sample's known utilisations and non-zero memory figures (the columnar hot
+        path reads them without a GpuState); ``grace``: max(5 s, twice the median step)."""
+        if self.last_step_ts is None:
+            return
         util = sum(utils) / len(utils) if utils else None
         mem = sum(mems) / len(mems) if mems else None
-        grace = max(5.0, 2.0 * self.median_step_s())
-        if sample.ts <= self.last_step_ts + grace:
+        if ts <= self.last_step_ts + grace:
             if util is not None and util > IDLE_UTIL:
                 self.util_seen = True
             if mem is not None:

@@ -10,8 +10,10 @@ module only owns the counters.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tomllib
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -98,6 +100,21 @@ def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
 
 
 @dataclass
+class _SteadyRun:
+    """A node's samples since its counters last changed (CounterRules.steady): the times of its GPUs'
+    rate windows, shared, instead of one (time, value) per GPU and rate field per sample.
+
+    While a run lasts every GPU of the node is quiet, every rate window holds one value (the GPU's current
+    one) and the samples' times do not go back: the windows' entries are (t, that value) for each t of
+    ``ts``, which ``CounterRules.end_run`` writes back exactly as sample-by-sample updates would have."""
+
+    key: tuple[Any, ...]  # the counters' bytes of the run's samples (CounterRules._key)
+    ts: deque  # the rate windows' times, the last one the newest sample's
+    last: Any  # the newest sample (stream.decode.GpuColumns): each GPU's ``last`` when the run ends
+    samples: int = 0  # samples taken into the run since it began
+
+
+@dataclass
 class _GpuMemory:
     last: GpuState | None = None
     edge: tuple[Any, ...] | None = None  # last's values of the fields the increase/flag/bits rules read
@@ -118,6 +135,12 @@ class CounterRules:
     set then, those rules can neither fire nor change state, so the sample only
     goes through the ``rate`` rules (whose time windows see every sample). Peer
     clocks are only gathered when throttle bits are set.
+
+    Online, GPU samples come columnar (stream.decode.GpuColumns) and most of them repeat their node's
+    previous counters byte for byte: ``steady`` takes such a sample with one comparison of bytes and one
+    time appended for the whole node (a ``_SteadyRun``), and builds no GpuState; the first sample that
+    differs ends the run (``end_run``) and goes through ``observe`` as before. The findings are the ones
+    sample-by-sample evaluation gives (tests/test_diag_rules.py compares them).
     """
 
     def __init__(self, rules: list[CounterRule] | None = None):
@@ -131,8 +154,185 @@ class CounterRules:
         self._steady_ok = all(r.threshold > 0 for r in self.rules if r.test in ("increase", "rate"))
         self._vanish = max((r.vanished_samples for r in self.rules if r.field == "lost"), default=0)
         self._present: dict[str, dict[int, int]] = {}  # node -> GPU index -> samples in a row it was missing
+        self._runs: dict[str, _SteadyRun] = {}  # node -> its steady run (see the class docstring)
+        # What a run compares: the GPU index and every field a rule reads. Runs need rate rules on distinct
+        # fields with one window (their histories then hold the same times) and the steady path at all.
+        self._key_fields = tuple(sorted({"index", *(r.field for r in self.rules)}))
+        windows = {r.window_s for r in self._rates}
+        self._runs_ok = self._steady_ok and len({r.field for r in self._rates}) == len(self._rates) and len(windows) <= 1
+        self._window = windows.pop() if windows else 0.0
+        self._spans: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        # A checkpoint's rows of the per-GPU memory (memory_rows), kept until their node is read again:
+        # a node in a steady run is written from here, not encoded again.
+        self._rows: dict[tuple[str, int], list[Any]] = {}
+        self._touched: set[str] = set()
+
+    # ------------------------------------------------------------------ steady runs
+
+    def _key(self, columns: Any) -> tuple[str, bytes]:
+        """What must repeat for a sample to be steady: its column layout and the bytes of the key fields."""
+        layout = (columns.cols, columns.n)
+        spans = self._spans.get(layout)
+        data = columns.data
+        if spans is None:
+            from faultlens.stream.decode import _column_spans
+
+            where = _column_spans(columns.cols, columns.n)
+            merged: list[list[int]] = []
+            for a, b in sorted(where[f] for f in self._key_fields if f in where):
+                if merged and merged[-1][1] == a:
+                    merged[-1][1] = b
+                else:
+                    merged.append([a, b])
+            spans = tuple((a, b) for a, b in merged)
+            if len(self._spans) < 256:
+                self._spans[layout] = spans
+        if len(spans) == 1:
+            a, b = spans[0]
+            return columns.cols, data[a:b]
+        return columns.cols, b"".join([data[a:b] for a, b in spans])
+
+    def steady(self, columns: Any) -> bool:
+        """True: ``columns`` (stream.decode.GpuColumns) repeats the counters of its node's steady run and
+        is taken into it (no rule can fire on it, and none did). False: ``observe(columns.record())``
+        must read it (no run, a counter or the GPU set changed, or time went back)."""
+        run = self._runs.get(columns.node)
+        if run is None:
+            return False
+        ts = columns.ts
+        times = run.ts
+        if ts < times[-1] or self._key(columns) != run.key:
+            self.end_run(columns.node)
+            return False
+        times.append(ts)
+        window = self._window
+        while len(times) > 2 and ts - times[1] >= window:
+            times.popleft()
+        run.last = columns
+        run.samples += 1
+        return True
+
+    def begin_run(self, columns: Any, sample: GpuSample) -> bool:
+        """After ``observe(sample)`` of ``columns.record()``: start the node's steady run when every GPU is
+        quiet and each rate window holds the GPU's current value only, at the same times for every GPU."""
+        node = sample.node
+        if not self._runs_ok or node in self._runs:
+            return False
+        gpus = sample.gpus
+        indexes = {g.index for g in gpus}
+        if not gpus or len(indexes) != len(gpus) or len(gpus) != columns.n:
+            return False
+        if self._vanish and set(self._present.get(node, {})) != indexes:
+            return False  # a GPU that vanished is being counted: each sample matters until it is lost
+        times: list[float] | None = None
+        memory = self._gpus
+        for g in gpus:
+            mem = memory.get((node, g.index))
+            if mem is None or not mem.quiet or mem.last is not g:
+                return False
+            for rule in self._rates:
+                hist = mem.history.get(rule.field)
+                if not hist:
+                    return False
+                value = getattr(g, rule.field)
+                if any(v != value for _, v in hist):
+                    return False
+                at = [t for t, _ in hist]
+                if times is None:
+                    times = at
+                elif at != times:
+                    return False
+        if times is None:
+            return False
+        for g in gpus:
+            for rule in self._rates:
+                memory[(node, g.index)].history[rule.field].clear()
+        self._runs[node] = _SteadyRun(self._key(columns), deque(times), columns)
+        self._touched.add(node)
+        return True
+
+    def end_run(self, node: str) -> None:
+        """The node's rate windows and last samples back in each GPU's memory, as sample-by-sample
+        updates would have left them (the same times, trimmed the same way: the times never went back)."""
+        run = self._runs.pop(node, None)
+        if run is None:
+            return
+        self._touched.add(node)
+        if run.samples:
+            gpus = run.last.record().gpus
+            for g in gpus:
+                self._gpus[(node, g.index)].last = g
+        else:  # no sample since the run began: each GPU's last is the one that began it
+            index = array("q")
+            index.frombytes(run.last.column("index"))
+            gpus = [self._gpus[(node, i)].last for i in index]
+        times = list(run.ts)
+        newest = times[-1]
+        for g in gpus:
+            history = self._gpus[(node, g.index)].history
+            for rule in self._rates:
+                value = getattr(g, rule.field)
+                hist = deque((t, value) for t in times)
+                while len(hist) > 2 and newest - hist[1][0] >= rule.window_s:
+                    hist.popleft()
+                history[rule.field] = hist
+
+    # ------------------------------------------------------------------ evaluation
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def fork(self) -> CounterRules:
+        """A copy sharing the compiled rules, with memory and caches of its own to be filled (a job's engine)."""
+        new = copy.copy(self)
+        new._rows, new._touched = {}, set()
+        return new
+
+    def memory_rows(self) -> list[list[Any]]:
+        """The per-GPU memory as plain rows (diagnosis.online.state writes them into a checkpoint; the
+        generic codec took ~30 us a GPU): ``[node, index, last, quiet, [[field, times, values]...],
+        [[rule, streak]...], [active rule...], [[rule, last fired]...]]``. A node not read since the last
+        call keeps its rows (a steady run changes none)."""
+        rows, touched = self._rows, self._touched
+        out = []
+        for key, mem in self._gpus.items():
+            row = rows.get(key)
+            if row is None or key[0] in touched:
+                row = rows[key] = [
+                    key[0], key[1], msgspec.to_builtins(mem.last) if mem.last is not None else None, mem.quiet,
+                    [[f, [t for t, _ in h], [v for _, v in h]] for f, h in mem.history.items()],
+                    [[k, v] for k, v in mem.streak.items()], sorted(mem.active),
+                    [[k, v] for k, v in mem.last_fired.items()]]
+            out.append(row)
+        touched.clear()
+        return out
+
+    def load_memory_rows(self, rows: Any) -> dict[tuple[str, int], _GpuMemory]:
+        """memory_rows read back, every value checked (a changelog's bytes are anyone's): ValueError names
+        what is wrong. ``last`` is read by msgspec as a GpuState; ``edge`` is made from it again."""
+        if not isinstance(rows, list):
+            raise ValueError("GPU memory: not a list of rows")
+        self._rows, self._touched = {}, set()  # rows of the memory this replaces
+        out: dict[tuple[str, int], _GpuMemory] = {}
+        for row in rows:
+            if not isinstance(row, list) or len(row) != 8:
+                raise ValueError("GPU memory: a row that is not 8 values")
+            node, index, last, quiet, history, streak, active, fired = row
+            if type(node) is not str or type(index) is not int or type(quiet) is not bool:
+                raise ValueError(f"GPU memory: bad node, index or quiet in {row[:4]!r}"[:300])
+            gpu = msgspec.convert(last, GpuState) if last is not None else None
+            mem = _GpuMemory(last=gpu, edge=self._edge_of(gpu) if gpu is not None else None, quiet=quiet,
+                             history={f: deque(zip(ts, vs, strict=True)) for f, ts, vs in _triples(history)},
+                             streak=dict(_pairs(streak, int)), active=set(_names(active)),
+                             last_fired=dict(_pairs(fired, (int, float))))
+            out[(node, index)] = mem
+        return out
+
+    # ------------------------------------------------------------------ evaluation
 
     def observe(self, sample: GpuSample) -> list[Finding]:
+        if self._runs and sample.node in self._runs:
+            self.end_run(sample.node)
+        self._touched.add(sample.node)
         out: list[Finding] = []
         gpus = self._with_vanished(sample) if self._vanish else sample.gpus
         ts = sample.ts
@@ -285,6 +485,31 @@ class CounterRules:
                 return {rule.field: True}, {"value": value}
             return None
         return None  # pragma: no cover - validated at load
+
+
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(type(x) is str for x in value):
+        raise ValueError("GPU memory: rule names that are not strings")
+    return value
+
+
+def _pairs(value: Any, kind: Any) -> list[tuple[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 and type(p[0]) is str
+                                              and type(p[1]) in ((kind,) if isinstance(kind, type) else kind)
+                                              for p in value):
+        raise ValueError("GPU memory: rule figures that are not [name, number] pairs")
+    return [(p[0], p[1]) for p in value]
+
+
+def _triples(value: Any) -> list[tuple[str, list[float], list[Any]]]:
+    number = (int, float)
+    ok = isinstance(value, list) and all(
+        isinstance(x, list) and len(x) == 3 and type(x[0]) is str and isinstance(x[1], list)
+        and isinstance(x[2], list) and len(x[1]) == len(x[2]) and all(type(t) in number for t in x[1])
+        and all(v is None or type(v) in number for v in x[2]) for x in value)
+    if not ok:
+        raise ValueError("GPU memory: rate windows that are not [field, times, values]")
+    return [(x[0], x[1], x[2]) for x in value]
 
 
 def _fmt(template: str, **values: Any) -> str:

@@ -66,12 +66,24 @@ class LastKnown:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], GpuState] = {}
+        # node -> its newest sample taken columnar (stream.decode.GpuColumns, no null in it): its GPUs are
+        # the last known ones, made GpuStates only when a later sample of the node is filled
+        self._pending: dict[str, Any] = {}
+
+    def note(self, columns: Any) -> None:
+        """A columnar sample with no null was taken without GpuStates: its GPUs are now the last known."""
+        self._pending[columns.node] = columns
 
     def fill(self, sample: Any) -> Any:
         """The sample with every null GPU field filled (the same object when none is null)."""
         if getattr(sample, "KIND", None) != "gpu":
             return sample
         node, last = sample.node, self._last
+        if self._pending:
+            taken = self._pending.pop(node, None)
+            if taken is not None:
+                for g in taken.record().gpus:
+                    last[(node, g.index)] = g
         gpus = sample.gpus
         filled: list[GpuState] | None = None
         for i, g in enumerate(gpus):

@@ -46,7 +46,7 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -367,11 +367,12 @@ def _parse_json(payload: bytes | str, kind: str) -> Any:
 
 
 def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None = None,
-           issues: list[FieldIssue] | None = None, bounds: TimeBounds | None = None) -> Any:
+           issues: list[FieldIssue] | None = None, bounds: TimeBounds | None = None, columnar: bool = False) -> Any:
     """Bytes from the bus -> record; SchemaError(reason) when the record cannot be had.
 
     ``bounds``: the times accepted (default: this process's ``[time]`` bounds; ``RECORDED_TIME`` for a
-    recorded directory)."""
+    recorded directory). ``columnar``: the agent's columnar GPU sample comes back as ``GpuColumns`` when the
+    fast path reads it (diagnosis's hot path); every other payload as its record."""
     if payload is None:
         raise SchemaError("tombstone", kind=kind, detail="a null value (tombstone) carries no record")
     if not payload:
@@ -381,7 +382,7 @@ def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None 
     if kind not in schema.RECORDS:
         raise SchemaError("unknown_kind", kind=kind)
     if is_msgpack(payload, content_type):
-        return _decode_msgpack(kind, payload, issues, bounds)
+        return _decode_msgpack(kind, payload, issues, bounds, columnar)
     try:
         record = json_decoder(kind).decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
@@ -392,7 +393,7 @@ def decode(kind: str, payload: bytes | str, *, content_type: str | bytes | None 
 
 
 def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | None,
-                    bounds: TimeBounds | None = None) -> Any:
+                    bounds: TimeBounds | None = None, columnar: bool = False) -> Any:
     if isinstance(payload, str):
         raise SchemaError("malformed_msgpack", kind=kind, detail="text is not MessagePack")
     try:
@@ -400,7 +401,7 @@ def _decode_msgpack(kind: str, payload: bytes | str, issues: list[FieldIssue] | 
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise SchemaError("malformed_msgpack", kind=kind, detail=str(exc)) from None
     if kind == "gpu" and isinstance(obj, dict) and "n" in obj and "gpus" not in obj:
-        record = _columnar_gpu_fast(obj)
+        record = gpu_columns(obj) if columnar else _columnar_gpu_fast(obj)
         if record is not None:
             return _check(record, kind, bounds)  # the same time bounds as every other path (2100, 1970)
         obj = columns_to_obj(obj, kind)
@@ -538,54 +539,160 @@ def _fast_plan(cols: str) -> tuple[tuple[str, str], ...] | None:
     return plan
 
 
-def _columnar_gpu_fast(obj: dict[str, Any]) -> GpuSample | None:
-    """The agent's well-formed columnar sample -> its record with one typed msgspec call; None: anything
-    unusual (nulls, an unknown key or column, a NaN or infinity, a value of another type, an unreadable
-    version or time), which the careful path (columns_to_obj, from_obj) reads and reports.
+class GpuColumns(msgspec.Struct, frozen=True):
+    """The agent's columnar GPU sample, checked and kept as it came: numeric columns as little-endian bytes.
+
+    What diagnosis's hot path reads (diagnosis.rules.CounterRules.steady): a sample whose counters are
+    those of its node's previous sample needs no GpuState at all, so none is built; ``record()`` gives the
+    GpuSample the careful path gives, for every other use. Only ``gpu_columns`` makes one (every check of
+    the fast path passed); a checkpoint may hold one (the last sample of a steady run)."""
+
+    v: int
+    ts: float
+    node: str
+    job: str | None
+    n: int
+    cols: str  # the numeric columns, comma-separated, as on the wire
+    data: bytes
+    uuid: str | None = None  # the n strings joined by newlines, as on the wire (None: left out)
+    pci_bus: str | None = None
+
+    KIND: ClassVar[str] = "gpu"
+
+    def column(self, name: str) -> bytes | None:
+        """A numeric column's bytes (8 x n), or None when the wire left it out (every value at its default)."""
+        span = _column_spans(self.cols, self.n).get(name)
+        return None if span is None else self.data[span[0]:span[1]]
+
+    def floats(self, name: str) -> list[float]:
+        """A float column's values (the field's default for each GPU when the wire left it out)."""
+        return self._values(name, "d")
+
+    def ints(self, name: str) -> list[int]:
+        """An integer column's values (the field's default for each GPU when the wire left it out)."""
+        return self._values(name, "q")
+
+    def _values(self, name: str, code: str) -> list[Any]:
+        raw = self.column(name)
+        if raw is None:
+            return [_GPU_DEFAULTS[name]] * self.n
+        a = array(code)
+        a.frombytes(raw)
+        return a.tolist()
+
+    def record(self) -> GpuSample:
+        """The GpuSample the careful path gives for these bytes."""
+        plan = _fast_plan(self.cols) or ()
+        view = memoryview(self.data)
+        width = 8 * self.n
+        names: list[str] = []
+        columns: list[list[Any]] = []
+        for j, (name, code) in enumerate(plan):
+            values = array(code)
+            values.frombytes(view[width * j: width * (j + 1)])
+            names.append(name)
+            columns.append(values.tolist())
+        for name in GPU_STRINGS:
+            text = getattr(self, name)
+            if text is not None:
+                names.append(name)
+                columns.append(text.split("\n"))
+        top: dict[str, Any] = {"v": self.v, "ts": self.ts, "node": self.node, "job": self.job,
+                               "gpus": [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]}
+        return msgspec.convert(top, GpuSample)
+
+
+_SPANS: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
+_BOOL_GPU_FIELDS = frozenset(f.name for f in _plan(GpuState) if f.coerce is to_bool)
+
+
+def _column_spans(cols: str, n: int) -> dict[str, tuple[int, int]]:
+    """name -> (start, end) of each column of a ``cols`` header in the data of n GPUs (cached)."""
+    spans = _SPANS.get((cols, n))
+    if spans is None:
+        names = [c for c in cols.split(",") if c]
+        spans = {name: (8 * n * j, 8 * n * (j + 1)) for j, name in enumerate(names)}
+        if len(_SPANS) < 1024:
+            _SPANS[(cols, n)] = spans
+    return spans
+
+
+_FLOAT_RUNS: dict[tuple[str, int], tuple[tuple[int, int], ...] | None] = {}
+
+
+def _float_runs(cols: str, n: int) -> tuple[tuple[int, int], ...] | None:
+    """The byte ranges of the float columns, neighbours joined (one finiteness check each); None when a
+    column rules the fast path out (a flag as 0/1: the typed decode is strict about bools). Cached."""
+    key = (cols, n)
+    if key in _FLOAT_RUNS:
+        return _FLOAT_RUNS[key]
+    plan = _fast_plan(cols)
+    runs: list[list[int]] = []
+    ok = plan is not None
+    for j, (name, code) in enumerate(plan or ()):
+        if name in _BOOL_GPU_FIELDS:
+            ok = False
+        if code == "d":
+            if runs and runs[-1][1] == 8 * n * j:
+                runs[-1][1] = 8 * n * (j + 1)
+            else:
+                runs.append([8 * n * j, 8 * n * (j + 1)])
+    out = tuple((a, b) for a, b in runs) if ok else None
+    if len(_FLOAT_RUNS) < 1024:
+        _FLOAT_RUNS[key] = out
+    return out
+
+
+def gpu_columns(obj: dict[str, Any]) -> GpuColumns | None:
+    """The agent's well-formed columnar sample, checked, as GpuColumns; None: anything unusual (nulls, an
+    unknown key or column, a flag column, a NaN or infinity, a value of another type, an unreadable version
+    or time), which the careful path (columns_to_obj, from_obj) reads and reports.
 
     Why: the careful path builds each GPU's dict field by field and then checks every float of every GPU
-    again; this one zips the columns into the same dicts and checks a float column with one sum. It gives
-    the record the careful path gives whenever it answers (tests/test_decode_fast.py compares them)."""
+    again; this one checks the float columns with one sum per run of them and builds nothing per GPU. Its
+    ``record()`` is the record the careful path gives (tests/test_decode_fast.py compares them)."""
     if not _FAST_KEYS.issuperset(obj):
         return None
     n, cols, data = obj.get("n"), obj.get("cols"), obj.get("data")
-    if type(n) is not int or type(cols) is not str or type(data) is not bytes:
+    if type(n) is not int or type(cols) is not str or type(data) is not bytes or n < 0:
         return None
-    plan = _fast_plan(cols)
-    if plan is None or n < 0 or len(data) != 8 * n * len(plan):
+    runs = _float_runs(cols, n)
+    if runs is None or len(data) != 8 * n * len(_fast_plan(cols) or ()):
         return None
     view = memoryview(data)
-    names: list[str] = []
-    columns: list[list[Any]] = []
-    width = 8 * n
-    for j, (name, code) in enumerate(plan):
-        values = array(code)
-        values.frombytes(view[width * j: width * (j + 1)])
-        column = values.tolist()
-        if code == "d":
-            total = sum(column)  # a NaN or an infinity makes it non-finite (so may a huge sum: the careful path)
-            if total - total != 0.0:
-                return None
-        names.append(name)
-        columns.append(column)
+    for a, b in runs:
+        values = array("d")
+        values.frombytes(view[a:b])
+        total = sum(values)  # a NaN or an infinity makes it non-finite (so may a huge sum: the careful path)
+        if total - total != 0.0:
+            return None
+    strings: dict[str, str] = {}
     for name in GPU_STRINGS:
         if name not in obj:
             continue
         text = obj[name]
-        if type(text) is not str:
+        if type(text) is not str or text.count("\n") != n - 1:
             return None
-        parts = text.split("\n")
-        if len(parts) != n:
-            return None
-        names.append(name)
-        columns.append(parts)
+        strings[name] = text
     top: dict[str, Any] = {k: obj[k] for k in ("v", "ts", "node", "job") if k in obj}
-    top["gpus"] = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+    top["gpus"] = ()
     try:
-        record: GpuSample = msgspec.convert(top, GpuSample)  # strict: a 0/1 flag column is no bool here
+        head: GpuSample = msgspec.convert(top, GpuSample)  # the same typed checks of v, ts, node and job
     except msgspec.ValidationError:
         return None
-    ts = record.ts
-    if record.v not in schema.READABLE_VERSIONS or ts - ts != 0.0 or not -MAX_TS <= ts <= MAX_TS:
+    ts = head.ts
+    if head.v not in schema.READABLE_VERSIONS or ts - ts != 0.0 or not -MAX_TS <= ts <= MAX_TS:
         return None
-    return record
+    return GpuColumns(v=head.v, ts=ts, node=head.node, job=head.job, n=n, cols=cols, data=data, **strings)
+
+
+def _columnar_gpu_fast(obj: dict[str, Any]) -> GpuSample | None:
+    """The agent's well-formed columnar sample -> its record (gpu_columns' checks, then the record); None:
+    anything unusual, which the careful path reads and reports."""
+    columns = gpu_columns(obj)
+    if columns is None:
+        return None
+    try:
+        return columns.record()
+    except msgspec.ValidationError:
+        return None

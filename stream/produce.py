@@ -80,6 +80,8 @@ class ConfluentProducer(Producer):
         conf.update(confluent_security(kw))
         self._ck = ck
         self._failed: list[str] = []
+        self._topics: dict[str, str] = {}  # kind -> topic name (send_raw runs once per forwarded record)
+        self._unpolled = 0  # sends since the last poll for delivery reports
         try:
             self._producer = ck.Producer(conf)
         except ck.KafkaException as exc:
@@ -92,7 +94,9 @@ class ConfluentProducer(Producer):
     def send_raw(self, kind: str, key: str | None, value: bytes | None, *, partition: int | None = None,
                  headers: list[tuple[str, bytes]] | None = None) -> Any:
         """Queue pre-encoded bytes (None: a tombstone); ``partition`` overrides the key's partition."""
-        name = topics.topic(kind, self.prefix)
+        name = self._topics.get(kind)
+        if name is None:
+            name = self._topics[kind] = topics.topic(kind, self.prefix)
         if headers is None and value is not None:
             headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode())]
         kw: dict[str, Any] = {"on_delivery": self._delivered}
@@ -108,7 +112,10 @@ class ConfluentProducer(Producer):
                 self._producer.poll(0.05)
             except (self._ck.KafkaException, ValueError, TypeError) as exc:
                 raise BusError(f"producing to {name} failed: {exc}") from exc
-        self._producer.poll(0)  # delivery reports of what went before
+        self._unpolled += 1
+        if self._unpolled >= 64:  # delivery reports of what went before (flush serves the rest)
+            self._unpolled = 0
+            self._producer.poll(0)
         return None
 
     def flush(self, timeout_s: float | None = None) -> None:

@@ -56,7 +56,7 @@ from faultlens.errors import FaultlensError
 # until it does.
 MODULES = frozenset({
     "faultlens.config", "faultlens.records", "faultlens.signatures", "faultlens.vocabulary",
-    "faultlens.stream.schema", "faultlens.stream.topology",
+    "faultlens.stream.decode", "faultlens.stream.schema", "faultlens.stream.topology",
     "faultlens.diagnosis.bursts", "faultlens.diagnosis.engine", "faultlens.diagnosis.exceptions",
     "faultlens.diagnosis.guard", "faultlens.diagnosis.incidents", "faultlens.diagnosis.inhibit",
     "faultlens.diagnosis.jobwide", "faultlens.diagnosis.modes", "faultlens.diagnosis.nanloss",
@@ -79,6 +79,15 @@ def _plain(seq: Any) -> bool:
         if t not in _PLAIN or (t is int and not -_INT64 <= x < _INT64):
             return False
     return True
+
+
+def _records_by_plain_tuple(o: dict[Any, Any]) -> bool:
+    """A non-empty map of plain tuples to frozen records of one of our classes, all of one class."""
+    if not o:
+        return False
+    cls = type(next(iter(o.values())))
+    return (issubclass(cls, msgspec.Struct) and cls.__struct_config__.frozen and cls.__module__ in MODULES
+            and all(type(v) is cls for v in o.values()) and all(type(k) is tuple and _plain(k) for k in o))
 
 
 class CodecError(FaultlensError):
@@ -109,12 +118,19 @@ def _lookup(name: Any) -> type:
     return obj
 
 
+_SLOTS: dict[type, list[str]] = {}
+
+
 def _slots(cls: type) -> list[str]:
+    known = _SLOTS.get(cls)
+    if known is not None:
+        return known
     out: list[str] = []
     for c in cls.__mro__:
         s = c.__dict__.get("__slots__", ())
         out.extend([s] if isinstance(s, str) else s)
-    return [s for s in out if s not in ("__dict__", "__weakref__")]
+    known = _SLOTS[cls] = [s for s in out if s not in ("__dict__", "__weakref__")]
+    return known
 
 
 class _Encoder:
@@ -172,7 +188,13 @@ class _Encoder:
                 out[tag] = [self.enc(x, f"{path}[]") for x in o]
             return out
         if t is dict or t is collections.defaultdict:
-            items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
+            if _plain(o) and _plain(o.values()):  # plain keys and values: as they are, in one go
+                items = [[k, v] for k, v in o.items()]
+            elif _records_by_plain_tuple(o):  # (node, GPU) -> the GPU's last entry: the same form, in one go
+                name = _name(type(next(iter(o.values()))))
+                items = [[{"$t": list(k)}, {"$st": name, "v": msgspec.to_builtins(v)}] for k, v in o.items()]
+            else:
+                items = [[self.enc(k, f"{path}{{}}"), self.enc(v, f"{path}{{}}")] for k, v in o.items()]
             if t is dict:
                 return {"$m": items, "#": n}
             factory = next((k for k, f in FACTORIES.items() if f is o.default_factory), None)

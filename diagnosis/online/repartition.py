@@ -22,6 +22,13 @@ may be a poll behind), per node so one idle node delays nobody else; after
 that its records go out keyed ``~node/<node>`` and get node-local rules only
 (the "unknown" job). Offsets are committed only below the oldest held record
 (``hold_back``), so a crash never loses a held record.
+
+A round does not wait for its forwards to be acknowledged: librdkafka delivers
+them while the next batches are fetched and handled, and a later round waits for
+them (``settle``) once ``max_unsettled`` forwards or ``settle_after_s`` have
+gathered, as does the idle loop; until then ``hold_back`` keeps their input
+offsets uncommitted. A forward that fails is sent again by the next try; a crash before
+the acknowledgement re-reads the records, and diagnosis drops the copies (``so``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from faultlens.errors import SchemaError
+from faultlens.errors import BusError, SchemaError
 from faultlens.stream import schema
 from faultlens.stream.bus import Message, Producer
 from faultlens.stream.decode import CONTENT_TYPE_HEADER
@@ -69,6 +76,15 @@ class Repartitioner:
         self._held: dict[str, collections.deque[Message]] = {}
         self.forwarded = 0
         self.unjobbed = 0
+        # Forwards not yet acknowledged (settle): (message, key, source key), and per input partition the
+        # oldest offset among them (commits stay below it).
+        self._sent: list[tuple[Message, str, str]] = []
+        self._unsettled: dict[tuple[str, int], int] = {}
+        self._kind_bytes: dict[str, bytes] = {}
+        self.settle_timeout_s = 30.0
+        self.max_unsettled = 20_000  # forwards a round may leave unacknowledged (memory: references only)
+        self.settle_after_s = 1.0  # ... and for how long at most (commits lag by that)
+        self._sent_since = 0.0
         self.bad_topologies = 0
         # Where a jobs-topic message that does not decode goes (the service's ConsumeLoop.dead_letter).
         self.dead_letter: Callable[[Message, str, str], None] | None = None
@@ -103,7 +119,11 @@ class Repartitioner:
     # ------------------------------------------------------------------ telemetry
 
     def handle(self, batch: Sequence[Message]) -> None:
-        """Forward one batch (ConsumeLoop handler); held records wait, the rest are flushed."""
+        """Forward one batch (ConsumeLoop handler); held records wait. The previous round's forwards are
+        settled first; this round's are acknowledged while the next batch is fetched (see the module)."""
+        if len(self._sent) >= self.max_unsettled or (self._sent and self.clock() - self._sent_since
+                                                       >= self.settle_after_s):
+            self.settle()
         for m in batch:
             if m.timestamp_ms < self.not_before_ms:
                 self.skipped_old += 1
@@ -115,7 +135,28 @@ class Repartitioner:
             else:
                 raise SchemaError(f"{m.kind} is not an input of the diagnosis", kind=m.kind)
         self.release()
-        self.producer.flush(30.0)
+
+    def settle(self) -> None:
+        """Wait until every forward sent so far is acknowledged; BusError when some are not (they are sent
+        again on the next call, and their input offsets stay uncommitted until then)."""
+        if not self._sent:
+            return
+        try:
+            self.producer.flush(self.settle_timeout_s)
+        except BusError:
+            again, self._sent = self._sent, []
+            for m, key, source_key in again:  # copies of what did arrive are dropped downstream (``so``)
+                self._send(m, key, source_key=source_key)
+            raise
+        self._sent = []
+        self._unsettled = {}
+
+    def try_settle(self) -> None:
+        """settle, outside a round (idle, stopping): a failure is logged and tried again by the next round."""
+        try:
+            self.settle()
+        except BusError as exc:
+            log.warning("repartitioner: forwards not acknowledged (%s); sending them again", exc)
 
     def _route(self, m: Message) -> None:
         node = m.key or ""
@@ -150,8 +191,8 @@ class Repartitioner:
         return n
 
     def hold_back(self) -> dict[tuple[str, int], int]:
-        """{(topic, partition): oldest held offset}: commits must stay below these."""
-        caps: dict[tuple[str, int], int] = {}
+        """{(topic, partition): oldest held or unacknowledged offset}: commits must stay below these."""
+        caps: dict[tuple[str, int], int] = dict(self._unsettled)
         for q in self._held.values():
             for m in q:
                 key = (m.topic, m.partition)
@@ -163,10 +204,20 @@ class Repartitioner:
         return sum(len(q) for q in self._held.values())
 
     def _send(self, m: Message, key: str, *, source_key: str) -> None:
-        headers = [("k", m.kind.encode()), ("sk", source_key.encode()), ("so", str(m.offset).encode())]
+        kind = self._kind_bytes.get(m.kind)
+        if kind is None:
+            kind = self._kind_bytes[m.kind] = m.kind.encode()
+        headers = [("k", kind), ("sk", source_key.encode()), ("so", str(m.offset).encode())]
         headers += [(h, v) for h, v in m.headers if h in PASS_HEADERS]
         self.producer.send_raw("diag-repartition", key, m.value, headers=headers)
         self.forwarded += 1
+        if not self._sent:
+            self._sent_since = self.clock()
+        self._sent.append((m, key, source_key))
+        where = (m.topic, m.partition)
+        first = self._unsettled.get(where)
+        if first is None or m.offset < first:
+            self._unsettled[where] = m.offset
 
     def job_of_node(self, node: str) -> str:
         return self.node_job.get(node, "unknown")

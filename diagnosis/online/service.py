@@ -60,7 +60,8 @@ from faultlens.diagnosis.online.state import (
 )
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import BusError, ConfigError, SchemaError
-from faultlens.stream import schema, topics
+from faultlens.stream import decode as wire
+from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
 from faultlens.stream.coop import group_consumer
@@ -351,7 +352,9 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                record = schema.decode(kind, m.value, content_type=ctype)
+                # a columnar GPU sample stays columnar (stream.decode.GpuColumns): the engine builds its
+                # GpuStates only when its counters changed
+                record = wire.decode(kind, m.value, content_type=ctype, columnar=True)
             except (SchemaError, ValueError) as exc:
                 self.decode_errors += 1
                 if self._diag_loop is not None:
@@ -514,6 +517,7 @@ class DiagnosisService:
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
+        self.make_engine()  # the engine prototype (catalogs, classifier imports: ~1 s) before any record waits on it
         # Every round ends in a flush, so lingering only batches sends within a round.
         producer = self._producer = make_producer(bus, self.bootstrap, backend=self.config.diagnosis.producer,
                                                   keyring=self.keyring, linger_ms=20)
@@ -550,12 +554,14 @@ class DiagnosisService:
                 if repartitioner.release() or topologies:
                     producer.flush(30.0)
                 if not loop.step(timeout_ms=0 if topologies or repartitioner.held else self.poll_timeout_ms):
+                    repartitioner.try_settle()  # idle: the last round's forwards, so their offsets commit
                     self._tick()
                     self._flush()
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
             self._tick(force=True)
             self._flush(force=True)
+            repartitioner.try_settle()
             loop.commit()
         finally:
             close_quietly(consumer, jobs_reader, self._restorer)

@@ -66,8 +66,12 @@ MARK_KEY = "~mark"
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters", "guard_log", "on_suppressed", "routed_job"})  # routed_job: set from the job's key by EngineFactory
-DYNAMIC = ("book", "counters._gpus", "counters._present", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
+DYNAMIC = ("book", "counters._gpus", "counters._present", "counters._runs", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
            "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
+
+GPU_MEMORY = "counters._gpus"
+# Parts a checkpoint written before they existed lacks: read as empty (counters._runs: no steady run).
+OPTIONAL: dict[str, Callable[[], Any]] = {"counters._runs": dict}
 
 
 def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
@@ -127,12 +131,27 @@ def snapshot(state: JobState) -> bytes:
         body = {"format": FORMAT, "version": VERSION, "key": state.key, "next_offset": state.next_offset,
                 "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
                 "topology": codec.encode(state.topology, "topology"),
-                "engine": {name: codec.encode(_get(engine, name), name) for name in DYNAMIC}}
+                "engine": {name: _encode_part(engine, name) for name in DYNAMIC}}
         raw = _MSGPACK.encode(body)
     finally:
         for name, value in cut.items():
             _set(engine, name, value)
     return zlib.compress(raw, 1)
+
+
+def _encode_part(engine: DiagnosisEngine, name: str) -> Any:
+    if name == GPU_MEMORY:  # thousands of GPUs: plain rows, a steady node's reused (rules.CounterRules.memory_rows)
+        return {"$gpumem": engine.counters.memory_rows()}
+    return codec.encode(_get(engine, name), name)
+
+
+def _decode_part(engine: DiagnosisEngine, name: str, part: Any) -> Any:
+    if name == GPU_MEMORY and isinstance(part, dict) and "$gpumem" in part:
+        try:
+            return engine.counters.load_memory_rows(part["$gpumem"])
+        except (ValueError, TypeError, msgspec.ValidationError) as exc:
+            raise codec.CodecError(f"{name}: {exc}") from None
+    return codec.decode(part)  # the generic form (checkpoints written before the rows)
 
 
 def _inflate(value: bytes) -> bytes:
@@ -171,10 +190,12 @@ def read_body(value: bytes | None) -> dict[str, Any]:
 def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
     body = read_body(value)
     parts = body["engine"]
-    if set(parts) != set(DYNAMIC):
+    if set(parts) | OPTIONAL.keys() != set(DYNAMIC) | OPTIONAL.keys():
         raise CheckpointError(f"checkpoint parts {sorted(parts)} are not {sorted(DYNAMIC)}")
+    for name, empty in OPTIONAL.items():
+        parts.setdefault(name, codec.encode(empty()))
     try:
-        decoded = {name: codec.decode(part) for name, part in parts.items()}
+        decoded = {name: _decode_part(engine, name, part) for name, part in parts.items()}
         body["outbox"] = codec.decode(body.get("outbox"))
         body["topology"] = codec.decode(body.get("topology"))
     except codec.CodecError as exc:
@@ -215,7 +236,7 @@ class EngineFactory:
         import copy
 
         engine = copy.copy(self._proto)
-        engine.counters = copy.copy(self._proto.counters)  # static rules, its own per-GPU memory
+        engine.counters = self._proto.counters.fork()  # static rules, its own per-GPU memory
         _load_into(engine, self._blank)
         # The repartitioner routes a node's records to its job's key only once a topology named
         # the node there: that job is the honest answer for a node this engine has no topology
