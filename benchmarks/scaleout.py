@@ -381,7 +381,10 @@ def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) ->
                 cluster.start()
             t_phase = time.monotonic()
             while time.monotonic() - t_phase < phase_s:
-                topo = rng.choice(fl.topologies)
+                fresh = [t for t in fl.topologies if any(n not in used for n in _nodes(t))]
+                if not fresh:  # a small --nodes: every node has had its Xid
+                    break
+                topo = rng.choice(fresh)
                 pending.append(xid_on(_nodes(topo)))
                 phase_of[pending[-1][0]] = target
                 time.sleep(1.0)
