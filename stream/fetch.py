@@ -255,11 +255,6 @@ class ConfluentFetcher:
                               "pip install confluent-kafka (or use fetcher='kafka')") from None
         self._ck = ck
         conf = confluent_settings(bus, bootstrap, check_crcs)
-        # librdkafka's own default per partition (1 MB, not the 16 MB kafka-python is given): the
-        # first records of a backlog arrive about twice as soon (0.05-0.13 s against 0.11-0.24 s
-        # on the embedded broker) and decoding starts while the rest is fetched. A larger batch
-        # is still returned whole (Kafka >= 0.10.1).
-        conf["max.partition.fetch.bytes"] = 1 << 20
         conf["group.id"] = group_id
         conf.update(overrides or {})
         self._on_assigned, self._on_revoked = on_assigned, on_revoked
