@@ -149,8 +149,11 @@ def _times_in_bounds(times: Any) -> bool:
     return bool(np.isfinite(ts).all()) and bounds.earliest_ts <= float(ts.min()) and float(ts.max()) <= bounds.latest()
 
 
-class _Columns(msgspec.Struct):
-    """The agent's columnar MessagePack gpu sample (decode.encode_wire), for the batch path."""
+class _Columns(msgspec.Struct, gc=False):
+    """The agent's columnar MessagePack gpu sample (decode.encode_wire), for the batch path.
+
+    Untracked by the garbage collector (``gc=False``; decoded from bytes, it can hold no
+    reference back to itself): a batch is thousands of them."""
 
     ts: float
     node: str

@@ -19,10 +19,11 @@ Exactly once, without Kafka transactions:
    and seeks each partition to its last committed offset + 1.
 
 A partition buffer that reaches ``write_ahead_rows`` (flush_rows / 8 by default)
-has its files written before the flush, on the commit thread, so that writing
-overlaps polling (in a backlog the last commit otherwise wrote everything after
-polling ended); the flush's manifest names them with the rest. Until then they
-are uncommitted files like any other.
+has its files written before the flush, by the writer pool (``write_threads``),
+so that writing overlaps polling (in a backlog the last commit otherwise wrote
+everything after polling ended); the flush's manifest names them with the rest.
+Until then they are uncommitted files like any other. A commit waits for every
+range of its buffers (written ahead or not) before it writes its manifest.
 
 A crash at any instant thus leaves either a committed range (kept, skipped on
 restart) or uncommitted files (deleted, re-read on restart).
@@ -52,13 +53,15 @@ and stream/fetch.py.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import re
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +105,35 @@ CHECK_CRCS = _have_c_crc32c()
 # overlap the polling of the next messages.
 POLL_MAX_RECORDS = 10_000
 
+# CPython's first garbage-collector generation is collected every 700 tracked allocations
+# by default; a poll of 10,000 records (a headers list and tuple each, at least) survives
+# several of those, and every ten of them may end in a full collection of the whole heap
+# (~80 ms under load, twice in a 30,000-message backlog: benchmarks/ingest.py). While a
+# processor runs, the first generation waits for this many allocations instead (the
+# thresholds of the process are restored when the last running processor returns).
+GC_GEN0_THRESHOLD = 50_000
+_gc_lock = threading.Lock()
+_gc_users: list[tuple[int, ...]] = []  # the thresholds before the first running processor changed them
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Raise the gen-0 threshold for the duration (nested and concurrent runs share one change)."""
+    with _gc_lock:
+        before = gc.get_threshold()
+        _gc_users.append(before)
+        if len(_gc_users) == 1 and before[0] < GC_GEN0_THRESHOLD:
+            gc.set_threshold(GC_GEN0_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            first = _gc_users[0]
+            _gc_users.pop()
+            if not _gc_users:
+                gc.set_threshold(*first)
+
+
 # <kind>-p<partition>-o<first>-<last>-<commit>[-h<hour>].parquet
 PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<first>\d+)-(?P<last>\d+)-(?P<commit>[0-9a-f]+)(?:-h\d+)?\.parquet$")
 
@@ -127,9 +159,9 @@ class _Pending:
     last: int
     decoding: list[Future[Decoded]] = field(default_factory=list)
     messages: int = 0
-    chunk_first: int = -1  # first offset of ``decoding`` (ranges before it are in ``written``)
+    chunk_first: int = -1  # first offset of ``decoding`` (ranges before it are in ``ahead``)
     rows_est: int = 0  # rows in ``decoding``, estimated
-    written: list[_Written] = field(default_factory=list)  # ranges written ahead, not yet committed
+    ahead: list[Future[_Written]] = field(default_factory=list)  # ranges written ahead (writer pool), not yet committed
     seqs: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)  # natural keys taken (stream/dedupe.py)
 
 
@@ -151,11 +183,13 @@ class StreamProcessor:
     >>> proc.run(exit_when_idle_s=5)                                                           # doctest: +SKIP
 
     Three stages overlap (kafka-python's record parsing holds the GIL; Arrow's
-    JSON parser and the Parquet writer release it): the ``run`` thread polls
-    and hands each partition's batch to ``decode_threads`` decode workers; a
-    flush hands the decoded buffers to one commit thread, which writes them and
-    commits in order while the next buffers fill. At most one commit is in
-    flight and at most ``max_decoding_messages`` wait for a decoder (memory).
+    group-by and the Parquet writer release it): the ``run`` thread polls and
+    decodes each partition's batch (or hands it to ``decode_threads`` decode
+    workers); ``write_threads`` writers write partition ranges (Parquet files
+    and rollups) ahead of their commit; a flush hands the decoded buffers to one
+    commit thread, which waits for their ranges and commits in order while the
+    next buffers fill. At most one commit is in flight and at most
+    ``max_decoding_messages`` wait for a decoder (memory).
     """
 
     def __init__(
@@ -176,6 +210,7 @@ class StreamProcessor:
         max_decoding_messages: int = 20_000,
         fetcher: str = "kafka",
         write_ahead_rows: int | None = None,
+        write_threads: int = 2,
     ):
         self.config = config
         self.bus = config.bus
@@ -190,12 +225,11 @@ class StreamProcessor:
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
         self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka) | auto: stream/fetch.py
-        # A partition buffer this large is written ahead on the commit thread (files only; the
+        # A partition buffer this large is written ahead by the writer pool (files only; the
         # next commit's manifest names them), so that writing overlaps polling instead of
         # following it. Files not named by a manifest are a crash's leftovers: deleted on
         # assignment, like any. 0: write at the commit only.
         self.write_ahead_rows = max(self.flush_rows // 8, 1) if write_ahead_rows is None else write_ahead_rows
-        self._ahead: list[Future[None]] = []
         self.max_decoding_messages = max_decoding_messages
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_rows = 0
@@ -210,6 +244,10 @@ class StreamProcessor:
         self._decoding_messages = 0
         # One thread: commits happen in the order of their flushes.
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="faultlens-commit")
+        # Ranges (one partition's Parquet files and rollups) are written by this pool, several
+        # partitions at once: Arrow's group-by and Parquet's encoding and compression release
+        # the GIL. A commit waits for its ranges, then writes its manifest.
+        self._writers = ThreadPoolExecutor(max(1, write_threads), thread_name_prefix="faultlens-write")
         self._commit_running: Future[None] | None = None
         self._fetch: Fetcher | None = None
         self._producer: Any = None
@@ -259,6 +297,7 @@ class StreamProcessor:
                     log.warning("closing %s: %s", type(closer).__name__, exc)
         self._fetch = self._producer = None
         self._committer.shutdown(wait=True)
+        self._writers.shutdown(wait=True)
         self._decoder.shutdown(wait=True, cancel_futures=True)
         self.catalog.close()
 
@@ -271,6 +310,11 @@ class StreamProcessor:
         poll_timeout_ms: int = 200,
     ) -> ProcessorStats:
         """Consume until ``stop()``, or idle for ``exit_when_idle_s`` after the first assignment."""
+        with _fewer_collections():
+            return self._run(exit_when_idle_s, max_runtime_s, on_progress, poll_timeout_ms)
+
+    def _run(self, exit_when_idle_s: float | None, max_runtime_s: float | None,
+             on_progress: Callable[[ProcessorStats], None] | None, poll_timeout_ms: int) -> ProcessorStats:
         self._connect()
         assert self._fetch is not None
         start = time.monotonic()
@@ -294,8 +338,11 @@ class StreamProcessor:
                             self._add(topic, partition, records)
                     age = now - last_flush
                     # Flush on size, on age, or when caught up (an empty poll): waiting
-                    # longer then would only delay the rows, not make bigger files.
-                    caught_up = not batch and age >= min(0.5, self.flush_interval_s)
+                    # longer then would only delay the rows, not make bigger files. Caught up
+                    # with a buffer of a written-ahead range's size (the end of a backlog), at
+                    # once: the 0.5 s floor only keeps a trickle from committing tiny files.
+                    big = bool(self.write_ahead_rows) and self._pending_rows >= self.write_ahead_rows
+                    caught_up = not batch and (big or age >= min(0.5, self.flush_interval_s))
                     if self._pending and (self._pending_rows >= self.flush_rows or age >= self.flush_interval_s or caught_up):
                         self._flush_async()
                         last_flush = now
@@ -387,8 +434,7 @@ class StreamProcessor:
         if self.write_ahead_rows and p.rows_est >= self.write_ahead_rows and self._fatal is None:
             futs, p.decoding, p.rows_est = p.decoding, [], 0
             first, p.chunk_first = p.chunk_first, p.last + 1
-            self._ahead = [f for f in self._ahead if not f.done()]
-            self._ahead.append(self._committer.submit(self._write_ahead, topic, partition, p, first, p.last, futs))
+            p.ahead.append(self._writers.submit(self._write_ahead, topic, partition, p.kind, first, p.last, futs))
         self._decoding.append((fut, len(records)))
         self._decoding_messages += len(records)
         # Back-pressure: polling is faster than decoding; undecoded records are
@@ -445,7 +491,7 @@ class StreamProcessor:
         self._check_fatal()
 
     def _commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
-        """On the commit thread: decoded buffers -> lake files -> manifest (the commit point)."""
+        """On the commit thread: decoded buffers -> lake files (writer pool) -> manifest (the commit point)."""
         if self._fatal is not None:  # never commit a later range after an earlier one failed
             raise LakeError(f"an earlier commit failed: {self._fatal}")
         try:
@@ -454,15 +500,15 @@ class StreamProcessor:
             self._fatal = exc
             raise
 
-    def _write_ahead(self, topic: str, partition: int, p: _Pending, first: int, last: int,
-                     futs: list[Future[Decoded]]) -> None:
-        """On the commit thread: one partition's range written before its commit (see ``write_ahead_rows``)."""
-        if self._fatal is not None:
-            return  # the commit that would name these files never comes
+    def _write_ahead(self, topic: str, partition: int, kind: str, first: int, last: int,
+                     futs: list[Future[Decoded]]) -> _Written:
+        """In the writer pool: one partition's range, written before its commit (see ``write_ahead_rows``)."""
+        if self._fatal is not None:  # the commit that would name these files never comes
+            raise LakeError(f"an earlier write failed: {self._fatal}")
         try:
-            p.written.append(self._write_range(topic, partition, p.kind, first, last, futs))
+            return self._write_range(topic, partition, kind, first, last, futs)
         except BaseException as exc:
-            self._fatal = exc
+            self._fatal = self._fatal or exc
             raise
 
     def _write_range(self, topic: str, partition: int, kind: str, first: int, last: int,
@@ -511,15 +557,20 @@ class StreamProcessor:
         rows: Counter[str] = Counter()
         dead: Counter[str] = Counter()
         decoded_reports: list[tuple[str, list[schema.Quarantine], Counter[str]]] = []
+        ranges: list[tuple[str, Future[_Written]]] = []
         for (topic, partition), p in pending.items():
-            written = list(p.written)
-            if p.decoding:
-                written.append(self._write_range(topic, partition, p.kind, p.chunk_first, p.last, p.decoding))
-            for w in written:
-                manifest.extend(w.manifest)
-                rows.update(w.rows)
-                dead.update(w.dead)
-                decoded_reports.append((p.kind, w.quarantine, w.unknown))
+            ranges.extend((p.kind, f) for f in p.ahead)
+            if p.decoding:  # the rest of the partition's buffer, beside the other partitions'
+                rest = self._writers.submit(self._write_range, topic, partition, p.kind, p.chunk_first, p.last, p.decoding)
+                ranges.append((p.kind, rest))
+        for _, f in ranges:
+            wait_for(f)  # every range written (or failed) before anything is committed
+        for kind, f in ranges:
+            w = f.result()  # re-raises a failed write: nothing of this commit is named
+            manifest.extend(w.manifest)
+            rows.update(w.rows)
+            dead.update(w.dead)
+            decoded_reports.append((kind, w.quarantine, w.unknown))
         if dead and confirm_dead_letters and self._producer is not None:
             try:
                 self._producer.flush(timeout_s=10)

@@ -204,3 +204,34 @@ def test_the_batch_decoder_agrees_with_the_one_by_one_decoder_on_mutated_message
             assert expected is not None, bad
             assert got.to_pylist()[1:] == pa.Table.from_pylist(expected, schema=schema.lake_schema("gpu")).to_pylist(), bad
     assert checked > 50  # the fast path took a fair share of them
+
+
+def test_lake_files_keep_dictionaries_for_strings_only(tmp_path) -> None:
+    """Numbers go plain (zstd packs them as well, for less CPU); strings keep their dictionary."""
+    lake = LakeWriter(tmp_path)
+    sample = schema.GpuSample(ts=T0, node="n1", job="j", gpus=[schema.GpuState(index=i, uuid=f"GPU-{i}") for i in range(4)])
+    (path,) = lake.write("gpu", [sample])
+    meta = pa.parquet.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["node"] and "RLE_DICTIONARY" in encodings["uuid"]
+    assert "RLE_DICTIONARY" not in encodings["temp_c"] and "RLE_DICTIONARY" not in encodings["gpu"]
+    assert pa.parquet.read_table(path).column("uuid").to_pylist() == [f"GPU-{i}" for i in range(4)]
+
+
+def test_running_processors_share_one_gc_threshold_change_and_give_it_back() -> None:
+    """The processor's fewer collections (issue 27.4) must not outlive it, nested or concurrent."""
+    import gc
+
+    from faultlens.stream import processor
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with processor._fewer_collections():
+            assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD
+            with processor._fewer_collections():
+                assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD
+            assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD  # the outer run still goes on
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.config import BusConfig, Config, LakeConfig
+from faultlens.errors import LakeError
 from faultlens.stream import schema
 from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
@@ -147,6 +148,32 @@ def test_ranges_written_ahead_of_their_commit_land_exactly_once(bus, tmp_path) -
     named = {r[0] for r in db.execute("SELECT file FROM manifest WHERE file IS NOT NULL").fetchall()}
     on_disk = {p.relative_to(tmp_path / "lake").as_posix() for p in (tmp_path / "lake").glob("*/date=*/hour=*/*.parquet")}
     assert on_disk == named and len(named) > 2 * len(want)
+
+
+def test_a_failed_range_write_commits_nothing_and_a_restart_lands_every_row_once(bus, tmp_path) -> None:
+    """The writer pool writes ranges of several partitions at once: one failing range stops the
+    processor before its commit's manifest, and the next processor re-reads the whole range."""
+    ensure_topics(bus)
+    records = mixed_records(400)
+    produce(bus, records)
+    proc = StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3, write_ahead_rows=20, write_threads=3)
+    real_write = proc.lake.write_table_counted
+    calls = {"n": 0}
+
+    def failing_write(table, data, *, stem=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise LakeError("disk full (injected)")
+        return real_write(table, data, stem=stem)
+
+    proc.lake.write_table_counted = failing_write
+    with pytest.raises(LakeError):
+        proc.run(exit_when_idle_s=2.0, max_runtime_s=60)
+    assert calls["n"] >= 3
+    StreamProcessor(config_for(bus, tmp_path), flush_interval_s=0.3).run(exit_when_idle_s=1.5, max_runtime_s=60)
+    want = expected_rows(records)
+    got = lake_counts(tmp_path / "lake")
+    assert {t: got[t] for t in want} == {t: (n, n) for t, n in want.items()}
 
 
 def _start_processor(bus: BusConfig, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
