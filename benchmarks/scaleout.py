@@ -125,7 +125,7 @@ def worker(args: argparse.Namespace) -> None:
         while True:
             r = service.repartitioner
             loop = service._diag_loop
-            data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied,
+            data = {"pid": os.getpid(), "t": time.time(), "applied": service.applied, "skipped": service.skipped,
                     "busy_s": loop.stats.busy_s if loop else 0.0, "polled": loop.stats.polled if loop else 0,
                     "batches": loop.stats.batches if loop else 0,
                     "busy_cpu_s": loop.stats.busy_cpu_s if loop else 0.0, "cpu_s": time.process_time(),
@@ -311,6 +311,8 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         all_busy = round(applied_all / sum(busy)) if sum(busy) else 0
         all_cpu = round(applied_all / sum(cpu_busy)) if sum(cpu_busy) else 0
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
+               # a short drain: were records lost, or applied once and their repeats skipped?
+               "forwarded": sum(s.get("forwarded", 0) for s in per), "skipped": sum(s.get("skipped", 0) for s in per),
                "records_per_busy_s_all": all_busy, "records_per_handler_cpu_s_all": all_cpu,
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
@@ -331,6 +333,10 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         if out[0] is not row and out[0]["records_per_busy_s_all"]:
             row["busy_scaling"] = round(all_busy / out[0]["records_per_busy_s_all"], 2)
             row["cpu_scaling"] = round(all_cpu / max(1, out[0]["records_per_handler_cpu_s_all"]), 2)
+        if not row["drained"]:
+            print(f"    NOT DRAINED in 300 s: applied {end[1]} of {total}; forwarded by the repartitioners "
+                  f"{row['forwarded']} (input {total + len(fl.topologies)}), repeats skipped {row['skipped']}",
+                  flush=True)
         print(f"    all instances: {all_busy} records per busy second, {all_cpu} per handler CPU second"
               + (f" ({row['busy_scaling']} and {row['cpu_scaling']} of one instance's)" if "busy_scaling" in row
                  else ""), flush=True)

@@ -152,6 +152,7 @@ class DiagnosisService:
         self._last_tick = 0.0
         self.decode_errors = 0
         self.applied = 0  # repartitioned records applied to an engine
+        self.skipped = 0  # repartitioned records already applied (a replay after a handover, a forward made twice)
         self.produced = 0
         self.checkpoints = 0
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
@@ -334,21 +335,25 @@ class DiagnosisService:
                 unowned[p] = min(unowned.get(p, m.offset), m.offset)
                 continue
             if m.offset < self._marked.get(p, 0):
+                self.skipped += 1
                 continue  # already in a finished checkpoint round
             key = m.key or "unknown"
             if key.startswith(UNJOBBED_PREFIX):
                 key = f"~nodes/{p}"
             st = self._state(key, p)
             if m.offset < st.next_offset:
+                self.skipped += 1
                 continue  # this job's checkpoint already holds it (a round that did not finish its marker)
             st.next_offset = m.offset + 1
             st.dirty = True
             self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
             kind, source_key, source_offset, ctype = forwarded_headers(m)
             if source_offset >= 0 and st.seen(kind, source_key, source_offset):
+                self.skipped += 1
                 continue  # forwarded twice by a repartitioner that crashed before its commit
             if kind == "jobs":
                 if st.topology == m.value:
+                    self.skipped += 1
                     continue
                 st.topology = m.value
             try:
