@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.parse
@@ -704,6 +705,7 @@ class _Services:
 
         self.bus = BusConfig(bootstrap_servers=self.broker.bootstrap, topic_prefix=self.prefix, linger_ms=5)
         self.logs: list[Path] = []
+        self.extra_env: dict[str, str] = {}
 
     def env(self) -> dict[str, str]:
         import os
@@ -715,6 +717,7 @@ class _Services:
                    FAULTLENS_RUNNER_GROUP_ID=f"{self.prefix}-runner",
                    FAULTLENS_RUNNER_STATE_PATH=str(self.tmp / "ledger.jsonl"),
                    FAULTLENS_LAKE_GROUP_ID=f"{self.prefix}-stream", PYTHONPATH=str(REPO))
+        env.update(self.extra_env)
         return env
 
     def start(self, *args: str, log_name: str) -> Any:
@@ -950,6 +953,58 @@ def poison_timestamps(scale: Scale) -> dict[str, int]:
             incidents.close()
             counts["incidents_closed_at_once"] = sum(s == "resolved" for s in latest.values())
             counts["crash_loops"] += _stop_rc(proc) != 0
+        counts["tracebacks"] = svc.tracebacks()
+    finally:
+        svc.close()
+    return counts
+
+
+@attack("forged_member_heartbeats")
+def forged_member_heartbeats(scale: Scale) -> dict[str, int]:
+    """Someone who can write diag-members but holds no diagnosis key claims every partition with a huge
+    epoch (unsigned, and signed with a key of their own) while a real Xid 79 arrives: diagnosis must go on."""
+    from faultlens.stream import topics
+    from faultlens.stream.signing import Keyring, new_key, write_key
+
+    svc = _Services("members")
+    counts = {"diagnosis_stopped": 0, "crash_loops": 0, "tracebacks": 0}
+    try:
+        svc.extra_env["FAULTLENS_KEYS_FILES"] = str(write_key(new_key("rt-diag"), svc.tmp / "diag-key.toml"))
+        proc, ready = _diagnose(svc, "diagnose")
+        if not ready:
+            counts["crash_loops"] += 1
+            counts["diagnosis_stopped"] += 1
+            return counts
+        theirs = Keyring([new_key("mallory")])
+        owns = {f"{topics.topic(k, svc.prefix)}:{p}": 10**15 for k, n in topics.DEFAULT_PARTITIONS.items()
+                for p in range(n)}
+        owns.update({f"{topics.topic('diag-repartition', svc.prefix)}:{p}": 10**15
+                     for p in range(topics.REPARTITION_PARTITIONS)})
+
+        stop = threading.Event()
+
+        def forge() -> None:  # all along the Xid round: a forged holder wins only while it keeps beating
+            with svc.producer() as p:
+                i = 0
+                while not stop.is_set():
+                    beat = {"v": 1, "group": f"{svc.prefix}-diag", "member": f"mallory{i % 2}", "ts": time.time(),
+                            "left": False, "owns": owns}
+                    for value in (beat, theirs.sign(beat)):
+                        p.send_raw("diag-members", f"mallory{i % 2}", json.dumps(value).encode(), partition=0)
+                    p.flush(5)
+                    i += 1
+                    stop.wait(0.1)
+
+        forger = threading.Thread(target=forge, daemon=True)
+        forger.start()
+        time.sleep(2.5)  # past the member timeout: a forged holder would own everything by now
+        try:
+            got = _xid_round(svc, "rtmembers", "rtmembers-n001", timeout_s=20)
+        finally:
+            stop.set()
+            forger.join(10)
+        counts["diagnosis_stopped"] = 0 if any(a.type == "evict_nodes" for a in got) else 1
+        counts["crash_loops"] += _stop_rc(proc) != 0
         counts["tracebacks"] = svc.tracebacks()
     finally:
         svc.close()

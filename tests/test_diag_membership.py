@@ -88,6 +88,25 @@ def test_a_member_that_left_is_gone_at_once_another_group_is_no_member_and_a_new
     assert view.unreadable == 2
 
 
+def test_with_keys_only_a_signed_heartbeat_makes_a_member() -> None:
+    """A writer of diag-members without the diagnosis key cannot claim every partition and stop diagnosis."""
+    from faultlens.stream.signing import Keyring, new_key
+    from tests.runner_standins import signed, signing_keyring
+
+    view = MemberView("b", timeout_s=2.0, keyring=signing_keyring())
+    forged = json.loads(_beat("mallory", {f"t:{p}": 10**15 for p in range(4)}, ts=10.0))
+    view.heard(json.dumps(forged).encode(), now=1.0, wall=10.0)  # unsigned
+    other = Keyring([new_key("not-ours")]).sign(forged)
+    view.heard(json.dumps(other).encode(), now=1.0, wall=10.0)  # signed by a key we do not hold
+    tampered = signed(json.loads(_beat("a", {"t:0": 5}, ts=10.0)))
+    tampered["owns"] = {f"t:{p}": 10**15 for p in range(4)}
+    view.heard(json.dumps(tampered).encode(), now=1.0, wall=10.0)
+    assert view.unverified == 3 and view.live(1.0) == ["b"] and view.top_epoch == {}
+    assert view.plan({("t", 0): 7}, {"t": 4}, now=1.1).lose == []  # nothing fenced it
+    view.heard(json.dumps(signed(json.loads(_beat("a", {"t:0": 9}, ts=10.0)))).encode(), now=1.0, wall=10.0)
+    assert view.live(1.0) == ["a", "b"] and view.plan({("t", 0): 7}, {"t": 4}, now=1.1).lose == [("t", 0)]
+
+
 def test_the_mode_follows_the_broker_unless_chosen() -> None:
     assert membership_mode("auto", "127.0.0.1:9092") == "members"
     assert membership_mode("auto", "kafka-0.prod:9092") == "group"

@@ -13,6 +13,10 @@ and the broker only stores records:
 * every instance heartbeats on ``diag-members`` (key: its member id) every
   ``heartbeat_s``, and at once when what it holds changes: ``{"v": 1, "group",
   "member", "ts", "owns": {"<topic>:<partition>": epoch}, "left"}``;
+* with ``[keys]`` configured, heartbeats are signed with the diagnosis key
+  (stream/signing.py) and an unsigned or forged one is ignored, counted: a
+  writer of the topic without the key cannot claim partitions and stop
+  diagnosis; without keys (the demo, tests) they are plain JSON;
 * every instance reads the whole topic: a member of its group (``group_id``)
   is live while its newest heartbeat is younger than ``timeout_s`` and does
   not say it left;
@@ -69,6 +73,7 @@ from faultlens.stream.bus import (
     ensure_topics,
     is_embedded,
 )
+from faultlens.stream.signing import Keyring, Unverified
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +156,12 @@ class Plan:
 class MemberView:
     """The other members' newest heartbeats; pure (no I/O), so the protocol is testable alone."""
 
-    def __init__(self, me: str, timeout_s: float, group: str = ""):
+    def __init__(self, me: str, timeout_s: float, group: str = "", keyring: Keyring | None = None):
         self.me = me
+        # With keys configured only heartbeats signed by a diagnosis key count: anyone else who can
+        # write the topic could otherwise claim every partition with a high epoch and stop diagnosis.
+        self.keyring = keyring if keyring else None
+        self.unverified = 0
         self.group = group  # heartbeats of another group on the same topic are not members
         self.timeout_s = timeout_s
         self.beats: dict[str, Beat] = {}
@@ -163,6 +172,15 @@ class MemberView:
         """One record of the members topic (``now``: monotonic, ``wall``: time.time() at receipt)."""
         try:
             beat = json.loads(value or b"")
+            if self.keyring is not None:
+                try:
+                    self.keyring.verify(beat)
+                except Unverified as exc:
+                    self.unverified += 1
+                    if self.unverified <= 3 or self.unverified % 1000 == 0:
+                        log.warning("membership: heartbeat ignored (%s: %s; %d so far): %r", exc.reason, exc.detail,
+                                    self.unverified, (value or b"")[:200])
+                    return
             member = str(beat["member"])
             owns = {parse_slot(k): int(e) for k, e in dict(beat.get("owns") or {}).items()}
             age = max(0.0, wall - float(beat["ts"]))  # a record read back at start-up is old
@@ -208,7 +226,7 @@ class Membership:
     """This instance's heartbeats and its view of the others (a thread); see the module docstring."""
 
     def __init__(self, bus: BusConfig, bootstrap: str | None, member_id: str, *, group: str = "",
-                 heartbeat_s: float = 0.5, timeout_s: float = 2.0):
+                 heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None):
         from kafka import KafkaConsumer, TopicPartition
         from kafka.errors import KafkaError
 
@@ -216,7 +234,8 @@ class Membership:
         self.heartbeat_s = heartbeat_s
         self.topic = topics.topic("diag-members", bus.topic_prefix)
         self.group = group
-        self.view = MemberView(member_id, timeout_s, group)
+        self.view = MemberView(member_id, timeout_s, group, keyring)
+        self._signer = keyring if keyring and keyring.can_sign else None
         self.owned: dict[Slot, int] = {}
         self.ready = threading.Event()
         self._lock = threading.RLock()
@@ -283,8 +302,11 @@ class Membership:
 
     def _publish(self, *, left: bool = False) -> None:
         with self._lock:
-            value = json.dumps({"v": VERSION, "group": self.group, "member": self.me, "ts": time.time(), "left": left,
-                                "owns": {slot_key(s): e for s, e in sorted(self.owned.items())}}).encode()
+            beat: dict[str, Any] = {"v": VERSION, "group": self.group, "member": self.me, "ts": time.time(),
+                                    "left": left, "owns": {slot_key(s): e for s, e in sorted(self.owned.items())}}
+            if self._signer is not None:
+                beat = self._signer.sign(beat)
+            value = json.dumps(beat).encode()
             self._last_beat = time.monotonic()
         try:
             self._producer.send_raw("diag-members", self.me, value, partition=0)
@@ -350,7 +372,7 @@ class MemberConsumer:
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None,
                  listener: Any, member_id: str, restore_kinds: Iterable[str] = (), fetch_max_wait_ms: int = 100,
-                 heartbeat_s: float = 0.5, timeout_s: float = 2.0):
+                 heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None):
         self.listener = listener
         self._consumer = Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True,
                                   manual=True, fetch_max_wait_ms=fetch_max_wait_ms)
@@ -358,7 +380,7 @@ class MemberConsumer:
         self._restore_topics = {topics.topic(k, bus.topic_prefix) for k in restore_kinds}
         try:
             self.membership = Membership(bus, bootstrap, member_id, group=group_id, heartbeat_s=heartbeat_s,
-                                         timeout_s=timeout_s)
+                                         timeout_s=timeout_s, keyring=keyring)
         except BusError:
             self._consumer.close()
             raise

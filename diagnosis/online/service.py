@@ -589,7 +589,7 @@ class DiagnosisService:
         if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":
             return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=_listener(self),
                                   member_id=d.instance_id or default_member_id(), restore_kinds=[REPARTITION],
-                                  heartbeat_s=d.member_heartbeat_s,
+                                  heartbeat_s=d.member_heartbeat_s, keyring=self.keyring,
                                   timeout_s=d.member_timeout_s, fetch_max_wait_ms=self.poll_timeout_ms)
         return group_consumer(bus, kinds, backend=d.consumer, group_id=gid, bootstrap=self.bootstrap,
                               listener=_listener(self), instance_id=d.instance_id,
