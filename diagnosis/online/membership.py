@@ -162,6 +162,7 @@ class MemberView:
         # write the topic could otherwise claim every partition with a high epoch and stop diagnosis.
         self.keyring = keyring if keyring else None
         self.unverified = 0
+        self._target: tuple[Any, dict[Slot, str]] | None = None  # (members and partitions, assign() of them)
         self.group = group  # heartbeats of another group on the same topic are not members
         self.timeout_s = timeout_s
         self.beats: dict[str, Beat] = {}
@@ -209,7 +210,11 @@ class MemberView:
                 if slot in b.owns and not b.left and now - b.sent < self.timeout_s]
 
     def plan(self, owned: dict[Slot, int], partitions: dict[str, int], now: float) -> Plan:
-        target = assign(partitions, self.live(now))
+        # Called at every poll: the target is hashed again only when the members or partitions change.
+        key = (tuple(sorted(partitions.items())), tuple(self.live(now)))
+        if self._target is None or self._target[0] != key:
+            self._target = (key, assign(partitions, key[1]))
+        target = self._target[1]
         out = Plan()
         for slot, epoch in sorted(owned.items()):
             if any(e > epoch or (e == epoch and m < self.me) for e, m in self.holders(slot, now)):
