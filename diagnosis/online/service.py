@@ -144,6 +144,10 @@ class DiagnosisService:
         self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
         self.repartitioner: Repartitioner | None = None
         self.states: dict[str, JobState] = {}
+        # Jobs of a newly taken partition whose checkpoint is read but not yet decoded: key -> (checkpoint,
+        # partition, changelog offset). A job is decoded when its first record arrives, and the rest a few
+        # at a time between rounds: a Xid on a moved job waits for that job's state, not its partition's.
+        self._undecoded: dict[str, tuple[bytes, int, int]] = {}
         self.partitions: set[int] = set()
         self.stream_time: dict[int, float] = {}
         self._applied: dict[int, int] = {}  # partition -> next offset after the last record applied
@@ -198,9 +202,32 @@ class DiagnosisService:
 
     def _state(self, key: str, partition: int) -> JobState:
         st = self.states.get(key)
+        if st is None and key in self._undecoded:
+            st = self._decode(key)
         if st is None:
             st = self.states[key] = JobState(key, partition, self.make_engine(key))
         return st
+
+    def _decode(self, key: str) -> JobState | None:
+        """The job's checkpoint from the changelog into a JobState; None (counted) when it does not read."""
+        value, p, offset = self._undecoded.pop(key)
+        try:
+            st = restore(value, p, self.make_engine, key)
+        except CheckpointError as exc:
+            self._unreadable("checkpoint", key, p, offset, str(exc))
+            return None
+        except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
+            self._unreadable("checkpoint", key, p, offset, repr(exc))
+            return None
+        self.states[key] = st
+        return st
+
+    def _decode_some(self, budget_s: float | None) -> None:
+        """Decode waiting checkpoints for at most ``budget_s`` (None: all), so that jobs without records
+        (a silent job is a fault too) tick within a few rounds of their partition's move."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        while self._undecoded and (deadline is None or time.monotonic() < deadline):
+            self._decode(next(iter(self._undecoded)))
 
     def _rebalanced(self) -> None:
         """Apply the group's queued rebalance events (revocations first, as they came), then install
@@ -234,6 +261,8 @@ class DiagnosisService:
             self._checkpoint(self._producer, gone)
         for key in [k for k, st in self.states.items() if st.partition in gone]:
             del self.states[key]
+        for key in [k for k, (_, p, _) in self._undecoded.items() if p in gone]:
+            del self._undecoded[key]  # still the newest checkpoint of its job on the changelog
         for p in gone:
             self.stream_time.pop(p, None)
             self._applied.pop(p, None)
@@ -268,15 +297,10 @@ class DiagnosisService:
         for offset, why in restored.bad_marks:
             self._unreadable("marker", MARK_KEY, p, offset, why)
         for key, value in restored.values.items():
-            try:
-                st = restore(value, p, self.make_engine, key)
-            except CheckpointError as exc:
-                self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), str(exc))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one bad checkpoint costs that job's memory, not the service
-                self._unreadable("checkpoint", key, p, restored.offsets.get(key, -1), repr(exc))
-                continue
-            self.states[key] = st
+            if key in self._undecoded:  # the same job key on two partitions (a repartitioned topic): as before,
+                self._decode(key)  # the last partition installed wins, each checkpoint read once
+            self.states.pop(key, None)
+            self._undecoded[key] = (value, p, restored.offsets.get(key, -1))
             keys += 1
         mark = restored.mark or {}
         start = int(mark.get("next_offset", 0))
@@ -289,8 +313,8 @@ class DiagnosisService:
         self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
                               "seconds": round(time.monotonic() - started, 3), "from_offset": start,
                               "wall": time.time()})
-        log.info("diagnosis: took partition %d: %d job(s) restored from %d changelog record(s) in %.2f s (read "
-                 "%.2f s, installed %.2f s), replaying from offset %d", p, keys, restored.records_read,
+        log.info("diagnosis: took partition %d: %d job(s) to restore from %d changelog record(s) in %.2f s (read "
+                 "%.2f s, installed %.2f s; each job decoded at its first record), replaying from offset %d", p, keys, restored.records_read,
                  time.monotonic() - started, restored.seconds, time.monotonic() - installing, start)
         self.ready.set()
 
@@ -392,6 +416,8 @@ class DiagnosisService:
                     self._paused.add(p)
 
     def _tick(self, *, force: bool = False) -> None:
+        if self._undecoded and not force:
+            self._decode_some(0.02)  # a moved partition's other jobs, between rounds
         now = time.monotonic()
         if not force and now - self._last_tick < self.tick_interval_s:
             return
@@ -479,6 +505,7 @@ class DiagnosisService:
     # ------------------------------------------------------------------ outputs
 
     def open_incidents(self) -> list[Any]:
+        self._decode_some(None)
         return [i for st in self.states.values() for i in st.engine.book.open_incidents()]
 
     def _observe_output(self, out: Any) -> None:
