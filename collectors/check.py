@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.collectors.nvml import COUNTERS
+from faultlens.collectors.nvml import COUNTERS, PynvmlBackend
 from faultlens.errors import FaultlensError, NoData
 
 
@@ -32,8 +32,6 @@ class Finding:
 
 def check_nvml(backend: Any = None, reads: int = 3) -> Finding:
     """Open NVML as the agent does, read every GPU ``reads`` times and say which counters answered."""
-    from faultlens.collectors.nvml import PynvmlBackend
-
     b = backend if backend is not None else PynvmlBackend()
     try:
         b.open()
