@@ -55,6 +55,33 @@ def test_two_instances_share_the_fleet_cap_and_a_reset_reaches_both(bus, tmp_pat
         b.close()
 
 
+def test_a_refresher_thread_folds_a_reset_while_the_service_thread_claims(bus) -> None:
+    """Online diagnosis reads the guard log off its own thread (start_refresher): a person's reset and
+    the other instances' claims arrive without the service thread polling, and its claims still work."""
+    import time
+
+    cfg = GuardConfig(max_evictions_fleet_per_hour=1, storm_nodes=10_000)
+    a, b = KafkaGuardLog(cfg, bus), KafkaGuardLog(cfg, bus)
+    try:
+        b.start_refresher(0.05)
+        assert a.claim("a0", job="j0", nodes=["n0"], ts=T0, job_nodes=8).granted
+        assert not a.claim("a1", job="j1", nodes=["n1"], ts=T0 + 1, job_nodes=8).granted  # the fleet breaker
+        deadline = time.monotonic() + 10
+        while b.book.fleet_breaker is None and time.monotonic() < deadline:
+            b.refresh()  # what the service's tick calls: nothing while the refresher runs
+            time.sleep(0.02)
+        assert b.book.fleet_breaker is not None and set(b.book.verdicts) == {"a0", "a1"}
+        a.reset("fleet", by="oncall", reason="checked")
+        deadline = time.monotonic() + 10
+        while b.book.fleet_breaker is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert b.book.fleet_breaker is None
+        assert b.claim("b0", job="j2", nodes=["n2"], ts=T0 + 2, job_nodes=8).granted  # claims alongside the thread
+    finally:
+        a.close()
+        b.close()
+
+
 def test_an_empty_topic_gets_the_open_breakers_back_from_the_backup(bus, tmp_path) -> None:
     from faultlens.diagnosis.guardlog import LocalGuardLog
 

@@ -196,6 +196,8 @@ class DiagnosisService:
             g = self.config.guard
             self.guard_log = KafkaGuardLog(g, self.config.bus, self.bootstrap, backup_path=g.state_path)
             self._owns_guard_log = True
+            # resets by a person and the other instances' claims, read off the diagnosis thread
+            self.guard_log.start_refresher(min(1.0, self.tick_interval_s))
         self._factory = None
         for st in self.states.values():
             st.engine.guard_log = self.guard_log
