@@ -316,8 +316,9 @@ class DiagnosisService:
                               "seconds": round(time.monotonic() - started, 3), "from_offset": start,
                               "wall": time.time()})
         log.info("diagnosis: took partition %d: %d job(s) to restore from %d changelog record(s) in %.2f s (read "
-                 "%.2f s, installed %.2f s; each job decoded at its first record), replaying from offset %d", p, keys, restored.records_read,
-                 time.monotonic() - started, restored.seconds, time.monotonic() - installing, start)
+                 "%.2f s, installed %.2f s; each job decoded at its first record), replaying from offset %d",
+                 p, keys, restored.records_read, time.monotonic() - started, restored.seconds,
+                 time.monotonic() - installing, start)
         self.ready.set()
 
     def _resume(self, p: int) -> None:
