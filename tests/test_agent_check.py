@@ -87,12 +87,15 @@ def test_check_names_the_counters_sent_as_null(monkeypatch: pytest.MonkeyPatch) 
     assert "NVML events waited on: no event set" in text
 
 
-def test_agent_check_on_a_host_without_a_gpu_says_so_and_succeeds() -> None:
+def test_agent_check_says_what_this_host_has_and_succeeds() -> None:
+    """Without a GPU (CI) it says so and succeeds; on a GPU host it names the GPUs and their counters."""
     proc = subprocess.run([sys.executable, "-m", "faultlens.cli", "agent", "--check", "--kernel-log",
                            str(REPO / "tests" / "fixtures" / "device_h200" / "dmesg-nvrm.txt")],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
-    if "no GPU here" not in proc.stdout:
-        pytest.skip("this host has a GPU")
+    nvml = next(line for line in proc.stdout.splitlines() if " nvml " in line)
+    assert nvml.startswith("ok ") and ("no GPU here" in nvml or "GPU(s), one read of all" in nvml), proc.stdout
+    if "GPU(s)" in nvml:
+        assert "/23 counters" in proc.stdout and "driver:" in proc.stdout
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok  kernel" in proc.stdout and "dmesg-nvrm.txt (readable)" in proc.stdout
 
