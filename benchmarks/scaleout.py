@@ -5,14 +5,20 @@ mode of this script), as in production; this process feeds the fleet
 (tests/fleetgen: jobs of 8 nodes x 8 GPUs plus nodes outside any job) and
 watches the output topics.
 
-1. throughput: 30 s (``--quick``: 120 s) of the fleet's records (NVML samples as the agent sends
-   them, MessagePack column-major, and step timings), written once 1, 2 or 4
-   instances have joined, and drained: records/s in all and per instance, the
-   partition balance, and records per busy second three ways: per wall second
-   in the handler, per CPU second of the handler's thread (what a dedicated core
-   would take) and per CPU second of the whole worker process (client threads
-   too). The machine has 2 cores: past 2 instances the sum cannot grow, and wall
-   busy seconds count the waits for a core;
+1. throughput: 120 s (``--quick``: 600 s) of the fleet's records (NVML samples as the agent sends
+   them, MessagePack column-major, and step timings), drained by 1, 2 or 4
+   instances: records/s in all and per instance, the partition balance, and
+   records per busy second three ways: per wall second in the handler, per CPU
+   second of the handler's thread (what a dedicated core would take) and per CPU
+   second of the whole worker process (client threads too). ``--feed backlog``
+   (the default): the instances join and take their partitions with their
+   fetching held (a gate file the workers watch), the backlog is written, then
+   the gate opens: every instance drains a backlog, as after an outage, so busy
+   seconds measure what an instance can do. ``--feed live``: the backlog is
+   written while the instances run; then they keep up with this one Python
+   feeder, poll ~100 records a round and the figures measure the feeder and the
+   per-round work as much as the instances. The machine has 2 cores: past 2
+   instances the sum cannot grow, and wall busy seconds count the waits for a core;
 2. scale-out latency: a live fleet at 1 Hz, one instance, then 2, then 4; a Xid
    79 every second on a fresh node -> its action on the actions topic: p50/p99;
 3. failover: one instance killed (kill -9) -> a Xid on a job it owned -> the
@@ -30,6 +36,7 @@ watches the output topics.
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
     python benchmarks/scaleout.py --quick --membership group     # the consumer group (eager: kafka-python)
     python benchmarks/scaleout.py --quick --membership group --consumer confluent   # cooperative (stream/coop.py)
+    python benchmarks/scaleout.py --quick --skip live,kill --feed live   # throughput while the backlog is written
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
 One script over ~500 lines: its worker mode and the four measurements share the fleet set-up.
@@ -119,6 +126,9 @@ def worker(args: argparse.Namespace) -> None:
     from faultlens.diagnosis.online import DiagnosisService
 
     service = DiagnosisService(config, from_beginning=True, tick_interval_s=0.5, poll_timeout_ms=50)
+    gate = os.environ.get("SCALEOUT_GATE")
+    if gate:
+        _hold_fetching(service, Path(gate))
     stats = Path(args.stats)
 
     def report() -> None:
@@ -141,6 +151,34 @@ def worker(args: argparse.Namespace) -> None:
     service.serve()
 
 
+def _hold_fetching(service: Any, gate: Path) -> None:
+    """While ``gate`` exists the service's consumer fetches nothing; membership goes on (heartbeats on
+    their own thread, takes and releases at each poll), so every instance holds its partitions when the
+    backlog is let in. Only the heartbeat membership can be held this way: a group consumer assigns
+    partitions inside its poll."""
+    from faultlens.diagnosis.online.membership import MemberConsumer
+
+    make = service._consumer
+
+    def consumer(gid: str) -> Any:
+        c = make(gid)
+        if not isinstance(c, MemberConsumer):
+            return c
+        fetch = c.poll
+
+        def poll(timeout_ms: int = 500, max_records: int = 10_000) -> list[Any]:
+            if gate.exists():
+                c.rebalance()
+                time.sleep(timeout_ms / 1000)
+                return []
+            return fetch(timeout_ms, max_records)
+
+        c.poll = poll  # type: ignore[method-assign]
+        return c
+
+    service._consumer = consumer
+
+
 # --------------------------------------------------------------------------- the coordinator
 
 class Cluster:
@@ -151,13 +189,14 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._n = 0
 
-    def start(self, role: str = "diag") -> str:
+    def start(self, role: str = "diag", env: dict[str, str] | None = None) -> str:
         self._n += 1
         name = f"{role}{self._n}"
         cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--role", role, "--bootstrap", self.bootstrap,
                "--prefix", self.prefix, "--dir", str(self.dir), "--stats", str(self.dir / f"{name}.json")]
         log = open(self.dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, **(env or {})})
         return name
 
     def kill(self, name: str) -> None:
@@ -252,7 +291,8 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
-def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[int]) -> list[dict[str, Any]]:
+def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[int],
+               feed: str = "backlog") -> list[dict[str, Any]]:
     from faultlens.config import BusConfig
     from faultlens.stream.bus import Producer, ensure_topics
     from faultlens.stream.decode import encode_wire
@@ -270,21 +310,34 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         ensure_topics(bus)
         total = len(fl.records)
         cluster = Cluster(broker.bootstrap, prefix, work)
-        names = [cluster.start() for _ in range(n)]
+        gate = work / "gate"
+        if feed == "backlog":
+            gate.touch()  # the instances join and take their partitions, fetching nothing until it goes
+        names = [cluster.start(env={"SCALEOUT_GATE": str(gate)} if feed == "backlog" else None) for _ in range(n)]
         # Every instance joins and takes its partitions first, then the backlog is written: a backlog
         # written before the joins was drained by the first instance alone while the others joined
         # (the rate over the drain then read 0 records/s for 2 and 4 instances).
         join_s = wait_assigned(cluster, names, REPARTITION_PARTITIONS)
-        time.sleep(0.5)  # a fresh stats file (written every 0.25 s) for the CPU baseline
-        before = [cluster.stats(x) for x in names]
         with Producer(bus) as p:
             for r in fl.topologies:
                 p.send(r)
             p.flush(30)
-            t0 = time.monotonic()
-            for r in fl.records:
-                p.send(r, value=encode_wire(r))  # what the agent sends: MessagePack, GPU samples columnar
-            p.flush(120)
+            if feed == "backlog":
+                values = [encode_wire(r) for r in fl.records]  # what the agent sends: MessagePack, GPU samples
+                for r, v in zip(fl.records, values, strict=True):  # columnar
+                    p.send(r, value=v)
+                p.flush(120)
+                time.sleep(0.5)  # a fresh stats file (written every 0.25 s) for the CPU baseline
+                before = [cluster.stats(x) for x in names]
+                t0 = time.monotonic()
+                gate.unlink()
+            else:
+                time.sleep(0.5)
+                before = [cluster.stats(x) for x in names]
+                t0 = time.monotonic()
+                for r in fl.records:
+                    p.send(r, value=encode_wire(r))
+                p.flush(120)
         marks: list[tuple[float, int]] = [(t0, 0)]
         while time.monotonic() - t0 < 300:
             applied = sum(cluster.stats(x).get("applied", 0) for x in names) - len(fl.topologies)
@@ -294,7 +347,7 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
             time.sleep(0.1)
         per = [cluster.stats(x) for x in names]
         cluster.stop_all()
-        # Rate from the first record written to the last one applied (the writing is part of it).
+        # Rate from the gate's opening (live feed: the first record written) to the last record applied.
         end = marks[-1]
         rate = end[1] / max(1e-9, end[0] - t0)
         busy = [s.get("busy_s", 0.0) for s in per]
@@ -563,10 +616,14 @@ def main() -> None:
     ap.add_argument("--membership", default="auto", help="who holds which partition: auto, members (heartbeats "
                     "on diag-members, no group join) or group (the Kafka consumer group, --consumer)")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: throughput,live,kill")
+    ap.add_argument("--feed", choices=("backlog", "live"), default="backlog",
+                    help="throughput: drain a backlog written while the instances' fetching is held (their "
+                    "capacity), or one written while they run (they keep up with this one feeder)")
     args = ap.parse_args()
     if args.mode == "worker":
         worker(args)
         return
+    from faultlens.diagnosis.online.membership import membership_mode
     from faultlens.stream.broker import EmbeddedBroker
 
     os.environ["SCALEOUT_CONSUMER"], os.environ["SCALEOUT_PRODUCER"] = args.consumer, args.producer  # workers inherit
@@ -574,8 +631,9 @@ def main() -> None:
     nodes = args.nodes or (16 if args.smoke else 256 if args.quick else 2048)
     kills = args.kills or (2 if args.quick else 10)
     # Of 1 Hz samples: a backlog the drain rate can be read from (5 s drained in a blink; --quick's 256 nodes
-    # take 120 s, so each row drains for seconds and is not all start-up: first samples, engines, checkpoints)
-    seconds = 2 if args.smoke else 120 if args.quick else 30
+    # take 600 s, so each row drains for seconds and is not all start-up: first samples, engines, checkpoints;
+    # 120 s of --quick's nodes drained in 0.4 busy seconds)
+    seconds = 2 if args.smoke else 600 if args.quick else 120
     skip = set(filter(None, args.skip.split(","))) | ({"live", "kill"} if args.smoke else set())
     result: dict[str, Any] = {"bench": "scaleout", "nodes": nodes, "gpus": nodes * 8, "cores": os.cpu_count(), "quick": args.quick,
                               "consumer": args.consumer, "producer": args.producer, "membership": args.membership}
@@ -583,8 +641,15 @@ def main() -> None:
         base = Path(args.workdir) if args.workdir else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         if "throughput" not in skip:
-            print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances")
-            result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4])
+            print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances "
+                  f"(--feed {args.feed})")
+            feed = args.feed
+            if feed == "backlog" and membership_mode(args.membership, broker.bootstrap) != "members":
+                print("  (a consumer group assigns partitions inside its poll: its fetching cannot be held, so the "
+                      "backlog is written while the instances run)")
+                feed = "live"
+            result["feed"] = feed
+            result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4], feed)
         if "live" not in skip:
             phase = 5 if args.quick else 20
             print(f"live: {nodes} nodes at 1 Hz; a Xid every second while going 1 -> 2 -> 4 instances ({phase} s each)")

@@ -54,6 +54,8 @@ def make_producer(bus: BusConfig, bootstrap: str | None = None, *, backend: str 
 class ConfluentProducer(Producer):
     """``Producer`` on librdkafka: send/send_raw queue, flush waits and raises what failed."""
 
+    message_timeout_ms = 60_000  # a record not delivered by then fails: the next flush raises BusError
+
     def __init__(self, bus: BusConfig, bootstrap: str | None = None, *, keyring: Keyring | None = None,
                  linger_ms: int | None = None):
         try:
@@ -79,8 +81,13 @@ class ConfluentProducer(Producer):
             # it (the embedded broker) one request in flight does. Online diagnosis relies on it: a forward
             # retried behind a later one of the same node was taken for a repeat and dropped.
             "max.in.flight.requests.per.connection": 5 if not is_embedded(servers) else 1,
-            "message.timeout.ms": 60_000,
+            "message.timeout.ms": self.message_timeout_ms,
             "log_level": 3,
+            # Only failures come back (flush waits for the rest): a report for every forwarded record was
+            # a third of the repartitioner's time (its poll built a Message per record; py-spy on
+            # benchmarks/scaleout.py).
+            "on_delivery": self._delivered,
+            "delivery.report.only.error": True,
         }
         conf.update(confluent_security(kw))
         self._ck = ck
@@ -104,7 +111,7 @@ class ConfluentProducer(Producer):
             name = self._topics[kind] = topics.topic(kind, self.prefix)
         if headers is None and value is not None:
             headers = [(CONTENT_TYPE_HEADER, content_type_of(value).encode())]
-        kw: dict[str, Any] = {"on_delivery": self._delivered}
+        kw: dict[str, Any] = {}
         if partition is not None:
             kw["partition"] = partition
         if headers:
@@ -118,7 +125,7 @@ class ConfluentProducer(Producer):
             except (self._ck.KafkaException, ValueError, TypeError) as exc:
                 raise BusError(f"producing to {name} failed: {exc}") from exc
         self._unpolled += 1
-        if self._unpolled >= 64:  # delivery reports of what went before (flush serves the rest)
+        if self._unpolled >= 64:  # failed deliveries of what went before (flush serves the rest)
             self._unpolled = 0
             self._producer.poll(0)
         return None

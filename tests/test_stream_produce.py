@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from faultlens.config import BusConfig
@@ -51,6 +53,22 @@ def test_a_partition_the_topic_lacks_is_a_bus_error(bus: BusConfig) -> None:
         fast.send_raw("diag-changelog", "job", b"x", partition=999)
         fast.flush(10)
     fast.close(1)
+
+
+def test_a_record_never_delivered_fails_the_next_flush() -> None:
+    """Only failed deliveries are reported (delivery.report.only.error): they still reach flush."""
+
+    class Impatient(ConfluentProducer):
+        message_timeout_ms = 300
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = Impatient(BusConfig(bootstrap_servers=f"127.0.0.1:{port}", topic_prefix="gone"))
+    p.send_raw("gpu", "node-1", b"x")
+    with pytest.raises(BusError, match="not delivered"):
+        p.flush(10)
+    p.close(0.1)
 
 
 def test_an_unknown_backend_is_a_config_error(bus: BusConfig) -> None:
