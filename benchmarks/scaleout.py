@@ -14,7 +14,12 @@ watches the output topics.
    (the default): the instances join and take their partitions with their
    fetching held (a gate file the workers watch), the backlog is written, then
    the gate opens: every instance drains a backlog, as after an outage, so busy
-   seconds measure what an instance can do. ``--feed live``: the backlog is
+   seconds measure what an instance can do. ``--feed in-turn``: the same
+   backlog, the instances let in one at a time (each drains what it can alone
+   and is held again, twice round): on a machine with fewer cores than instances this is
+   how busy seconds say what a core per instance gives (together, four instances
+   on two cores wait for a core inside their handlers); its records/s is no
+   drain rate. ``--feed live``: the backlog is
    written while the instances run; then they keep up with this one Python
    feeder, poll ~100 records a round and the figures measure the feeder and the
    per-round work as much as the instances. The machine has 2 cores: past 2
@@ -37,6 +42,7 @@ watches the output topics.
     python benchmarks/scaleout.py --quick --membership group     # the consumer group (eager: kafka-python)
     python benchmarks/scaleout.py --quick --membership group --consumer confluent   # cooperative (stream/coop.py)
     python benchmarks/scaleout.py --quick --skip live,kill --feed live   # throughput while the backlog is written
+    python benchmarks/scaleout.py --quick --skip live,kill --feed in-turn   # a core per instance, on any machine
 
 Figures on a shared 2-core machine are pessimistic. Last line: one JSON object.
 One script over ~500 lines: its worker mode and the four measurements share the fleet set-up.
@@ -221,6 +227,20 @@ class Cluster:
             self.kill(name)
 
 
+def wait_quiet(cluster: Cluster, name: str, quiet_s: float = 0.75, timeout_s: float = 120.0) -> None:
+    """Until the instance's counts have not moved for ``quiet_s`` (its stats file is rewritten every 0.25 s)."""
+    t0 = time.monotonic()
+    last, since = None, time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        s = cluster.stats(name)
+        now = (s.get("applied"), s.get("forwarded"), s.get("busy_s"))
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.1)
+
+
 def wait_assigned(cluster: Cluster, names: list[str], partitions: int, timeout_s: float = 90.0) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -310,10 +330,11 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         ensure_topics(bus)
         total = len(fl.records)
         cluster = Cluster(broker.bootstrap, prefix, work)
-        gate = work / "gate"
-        if feed == "backlog":
-            gate.touch()  # the instances join and take their partitions, fetching nothing until it goes
-        names = [cluster.start(env={"SCALEOUT_GATE": str(gate)} if feed == "backlog" else None) for _ in range(n)]
+        held = feed in ("backlog", "in-turn")
+        gates = [work / f"gate{i}" for i in range(n)]
+        for gate in gates if held else ():
+            gate.touch()  # the instance joins and takes its partitions, fetching nothing until it goes
+        names = [cluster.start(env={"SCALEOUT_GATE": str(gate)} if held else None) for gate in gates]
         # Every instance joins and takes its partitions first, then the backlog is written: a backlog
         # written before the joins was drained by the first instance alone while the others joined
         # (the rate over the drain then read 0 records/s for 2 and 4 instances).
@@ -322,7 +343,7 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
             for r in fl.topologies:
                 p.send(r)
             p.flush(30)
-            if feed == "backlog":
+            if held:
                 values = [encode_wire(r) for r in fl.records]  # what the agent sends: MessagePack, GPU samples
                 for r, v in zip(fl.records, values, strict=True):  # columnar
                     p.send(r, value=v)
@@ -330,7 +351,16 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
                 time.sleep(0.5)  # a fresh stats file (written every 0.25 s) for the CPU baseline
                 before = [cluster.stats(x) for x in names]
                 t0 = time.monotonic()
-                gate.unlink()
+                if feed == "in-turn":
+                    # Each alone in turn (held again after): what it can drain of its input and of its
+                    # partitions; a second turn each for what the later ones forwarded to the earlier.
+                    for _ in range(2):
+                        for name, gate in zip(names, gates, strict=True):
+                            gate.unlink()
+                            wait_quiet(cluster, name)
+                            gate.touch()
+                for gate in gates:
+                    gate.unlink()
             else:
                 time.sleep(0.5)
                 before = [cluster.stats(x) for x in names]
@@ -616,9 +646,11 @@ def main() -> None:
     ap.add_argument("--membership", default="auto", help="who holds which partition: auto, members (heartbeats "
                     "on diag-members, no group join) or group (the Kafka consumer group, --consumer)")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: throughput,live,kill")
-    ap.add_argument("--feed", choices=("backlog", "live"), default="backlog",
+    ap.add_argument("--feed", choices=("backlog", "in-turn", "live"), default="backlog",
                     help="throughput: drain a backlog written while the instances' fetching is held (their "
-                    "capacity), or one written while they run (they keep up with this one feeder)")
+                    "capacity); in-turn: the same, but the instances are let in one after another, each draining "
+                    "what it can alone (a core each, even on two cores: the records/s are then no drain rate); "
+                    "live: the backlog is written while they run (they keep up with this one feeder)")
     args = ap.parse_args()
     if args.mode == "worker":
         worker(args)
@@ -644,7 +676,7 @@ def main() -> None:
             print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances "
                   f"(--feed {args.feed})")
             feed = args.feed
-            if feed == "backlog" and membership_mode(args.membership, broker.bootstrap) != "members":
+            if feed != "live" and membership_mode(args.membership, broker.bootstrap) != "members":
                 print("  (a consumer group assigns partitions inside its poll: its fetching cannot be held, so the "
                       "backlog is written while the instances run)")
                 feed = "live"
