@@ -158,28 +158,47 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _hold_fetching(service: Any, gate: Path) -> None:
-    """While ``gate`` exists the service's consumer fetches nothing; membership goes on (heartbeats on
-    their own thread, takes and releases at each poll), so every instance holds its partitions when the
-    backlog is let in. Only the heartbeat membership can be held this way: a group consumer assigns
-    partitions inside its poll."""
+    """While ``gate`` exists the service's consumer hands over nothing; membership goes on, so every
+    instance holds its partitions when the backlog is let in. ``members``: no fetch at all (heartbeats
+    on their own thread, takes and releases at each poll). A group consumer assigns inside its poll:
+    it polls on with every assigned partition paused, and what a poll returned before its partitions
+    were paused is kept for the first poll after the gate (nothing is dropped)."""
     from faultlens.diagnosis.online.membership import MemberConsumer
 
     make = service._consumer
 
     def consumer(gid: str) -> Any:
         c = make(gid)
-        if not isinstance(c, MemberConsumer):
-            return c
         fetch = c.poll
+        if isinstance(c, MemberConsumer):
+            def poll(timeout_ms: int = 500, max_records: int = 10_000) -> list[Any]:
+                if gate.exists():
+                    c.rebalance()
+                    time.sleep(timeout_ms / 1000)
+                    return []
+                return fetch(timeout_ms, max_records)
+        else:
+            kept: list[Any] = []
+            paused: set[Any] = set()
 
-        def poll(timeout_ms: int = 500, max_records: int = 10_000) -> list[Any]:
-            if gate.exists():
-                c.rebalance()
-                time.sleep(timeout_ms / 1000)
-                return []
-            return fetch(timeout_ms, max_records)
+            def poll(timeout_ms: int = 500, max_records: int = 10_000) -> list[Any]:
+                if gate.exists():
+                    held = set(c.raw.assignment()) - paused
+                    if held:
+                        c.raw.pause(*held)
+                        paused.update(held)
+                    kept.extend(fetch(timeout_ms, max_records))
+                    return []
+                if paused:
+                    c.raw.resume(*(paused & set(c.raw.assignment())))
+                    paused.clear()
+                if kept:
+                    out = kept[:]
+                    kept.clear()
+                    return out
+                return fetch(timeout_ms, max_records)
 
-        c.poll = poll  # type: ignore[method-assign]
+        c.poll = poll
         return c
 
     service._consumer = consumer
@@ -655,7 +674,6 @@ def main() -> None:
     if args.mode == "worker":
         worker(args)
         return
-    from faultlens.diagnosis.online.membership import membership_mode
     from faultlens.stream.broker import EmbeddedBroker
 
     os.environ["SCALEOUT_CONSUMER"], os.environ["SCALEOUT_PRODUCER"] = args.consumer, args.producer  # workers inherit
@@ -676,10 +694,6 @@ def main() -> None:
             print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances "
                   f"(--feed {args.feed})")
             feed = args.feed
-            if feed != "live" and membership_mode(args.membership, broker.bootstrap) != "members":
-                print("  (a consumer group assigns partitions inside its poll: its fetching cannot be held, so the "
-                      "backlog is written while the instances run)")
-                feed = "live"
             result["feed"] = feed
             result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4], feed)
         if "live" not in skip:

@@ -103,3 +103,34 @@ def test_commits_stay_below_held_records_and_shutdown_commits(bus) -> None:
     with Consumer(bus, ["kernel"], group_id=f"{bus.topic_prefix}-g") as again:
         _until(lambda: again.poll(100) is not None and bool(again.raw.assignment()))
         assert _committed(again) == 3
+
+
+def test_an_offset_held_back_is_not_committed_again_every_round(bus) -> None:
+    """A held-back cap that does not move costs no commit round trip per round; once it moves, and
+    after ``recommit_s`` in any case, it is committed."""
+    _fill(bus, [b"a", b"held", b"b"])
+    held: dict[tuple[str, int], int] = {}
+
+    def handle(batch):
+        for m in batch:
+            if m.value == b"held":
+                held[(m.topic, m.partition)] = m.offset
+
+    consumer = Consumer(bus, ["kernel"], group_id=f"{bus.topic_prefix}-g")
+    loop = ConsumeLoop(consumer, handle, name="t", hold_back=lambda: dict(held))
+    try:
+        _until(lambda: loop.step(50) is not None and loop.stats.polled >= 3, timeout_s=90)
+        assert loop.stats.polled == 3, "the three records were not fetched (a slow group join?)"
+        assert _committed(consumer) == 1 and loop.stats.commits == 1
+        for _ in range(5):
+            loop.step(0)
+        assert loop.stats.commits == 1  # the same capped offset: not sent again
+        loop.recommit_s = 0.0
+        loop.step(0)
+        assert loop.stats.commits == 2  # ... unless it is time to send them all again
+        loop.recommit_s = 60.0
+        held.clear()
+        loop.step(0)
+        assert loop.stats.commits == 3 and _committed(consumer) == 3
+    finally:
+        consumer.close()
