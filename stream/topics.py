@@ -57,7 +57,12 @@ KEY_FIELD = {
 DEFAULT_PARTITIONS = {"gpu": 8, "kernel": 4, "nccl": 4, "steps": 4,
                       "diag-repartition": REPARTITION_PARTITIONS, "diag-changelog": REPARTITION_PARTITIONS}
 # Topic settings asked for at creation (a broker that ignores them, like Tansu, still works).
-TOPIC_CONFIGS = {"diag-changelog": {"cleanup.policy": "compact"}, "diag-members": {"cleanup.policy": "compact"}}
+# Compaction never touches a partition's active segment, which Kafka rolls only after 7 days or
+# 1 GB by default: a restore (changelog) or a start (members) would read all of it. Rolled every
+# minute and cleaned once a tenth is dirty, a restore reads one checkpoint per job plus about a
+# minute of them.
+_COMPACTED = {"cleanup.policy": "compact", "segment.ms": "60000", "min.cleanable.dirty.ratio": "0.1"}
+TOPIC_CONFIGS = {"diag-changelog": _COMPACTED, "diag-members": _COMPACTED}
 
 
 def topic(name: str, prefix: str = DEFAULT_PREFIX) -> str:
