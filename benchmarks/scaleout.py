@@ -693,9 +693,9 @@ def main() -> None:
         if "throughput" not in skip:
             print(f"throughput: {nodes} nodes x {seconds} s of 1 Hz samples + step timings, drained by 1, 2, 4 instances "
                   f"(--feed {args.feed})")
-            feed = args.feed
-            result["feed"] = feed
-            result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4], feed)
+            result["feed"] = args.feed
+            result["throughput"] = throughput(broker, base, nodes, seconds, [1] if args.smoke else [1, 2, 4],
+                                              args.feed)
         if "live" not in skip:
             phase = 5 if args.quick else 20
             print(f"live: {nodes} nodes at 1 Hz; a Xid every second while going 1 -> 2 -> 4 instances ({phase} s each)")
