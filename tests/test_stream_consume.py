@@ -83,7 +83,8 @@ def test_a_failed_flush_is_delivered_again_and_nothing_is_committed_past_it(bus)
         consumer.close()
 
 
-def test_commits_stay_below_held_records_and_shutdown_commits(bus) -> None:
+def _holding(bus) -> tuple[Consumer, ConsumeLoop, dict[tuple[str, int], int]]:
+    """Three records (x, held, y) and a loop whose handler holds the middle one in memory."""
     _fill(bus, [b"x", b"held", b"y"])
     held: dict[tuple[str, int], int] = {}
 
@@ -93,7 +94,11 @@ def test_commits_stay_below_held_records_and_shutdown_commits(bus) -> None:
                 held[(m.topic, m.partition)] = m.offset
 
     consumer = Consumer(bus, ["kernel"], group_id=f"{bus.topic_prefix}-g")
-    loop = ConsumeLoop(consumer, handle, name="t", hold_back=lambda: dict(held))
+    return consumer, ConsumeLoop(consumer, handle, name="t", hold_back=lambda: dict(held)), held
+
+
+def test_commits_stay_below_held_records_and_shutdown_commits(bus) -> None:
+    consumer, loop, held = _holding(bus)
     _until(lambda: loop.step() is not None and bool(held) and loop.stats.polled >= 3)
     assert _committed(consumer) == 1  # below the held record at offset 1
     held.clear()  # the record was passed on
@@ -108,16 +113,7 @@ def test_commits_stay_below_held_records_and_shutdown_commits(bus) -> None:
 def test_an_offset_held_back_is_not_committed_again_every_round(bus) -> None:
     """A held-back cap that does not move costs no commit round trip per round; once it moves, and
     after ``recommit_s`` in any case, it is committed."""
-    _fill(bus, [b"a", b"held", b"b"])
-    held: dict[tuple[str, int], int] = {}
-
-    def handle(batch):
-        for m in batch:
-            if m.value == b"held":
-                held[(m.topic, m.partition)] = m.offset
-
-    consumer = Consumer(bus, ["kernel"], group_id=f"{bus.topic_prefix}-g")
-    loop = ConsumeLoop(consumer, handle, name="t", hold_back=lambda: dict(held))
+    consumer, loop, held = _holding(bus)
     try:
         _until(lambda: loop.step(50) is not None and loop.stats.polled >= 3, timeout_s=90)
         assert loop.stats.polled == 3, "the three records were not fetched (a slow group join?)"
