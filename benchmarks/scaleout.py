@@ -415,6 +415,8 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         row = {"instances": n, "records": total, "drained": end[1] >= total, "join_s": round(join_s, 1),
                # a short drain: were records lost, or applied once and their repeats skipped?
                "forwarded": sum(s.get("forwarded", 0) for s in per), "skipped": sum(s.get("skipped", 0) for s in per),
+               # the fleet has no fault: every incident, action or command decided while draining is a false alarm
+               "outputs": sum(s.get("produced", 0) for s in per),
                "records_per_busy_s_all": all_busy, "records_per_handler_cpu_s_all": all_cpu,
                "records_per_s": round(rate), "per_instance_per_s": round(rate / n),
                "partitions": [len(s.get("partitions", [])) for s in per],
@@ -435,6 +437,9 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
         if out[0] is not row and out[0]["records_per_busy_s_all"]:
             row["busy_scaling"] = round(all_busy / out[0]["records_per_busy_s_all"], 2)
             row["cpu_scaling"] = round(all_cpu / max(1, out[0]["records_per_handler_cpu_s_all"]), 2)
+        if row["outputs"]:
+            print(f"    {row['outputs']} output(s) decided on a fleet without faults (false alarms while draining)",
+                  flush=True)
         if not row["drained"]:
             print(f"    NOT DRAINED in 300 s: applied {end[1]} of {total}; forwarded by the repartitioners "
                   f"{row['forwarded']} (input {total + len(fl.topologies)}), repeats skipped {row['skipped']}",

@@ -149,6 +149,9 @@ class DiagnosisEngine:
         self._jobs: dict[str, JobState] = {}
         self._node_job: dict[str, str] = {}
         self.routed_job: str | None = None  # online: the job key this engine serves (diagnosis.state.EngineFactory)
+        # online: how far this job's step timings have been read (diagnosis.online.watermark); silence is
+        # judged no later than that, so a backlog whose GPU samples come before its steps is no hang
+        self.steps_read_until: float | None = None
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
         # job -> slow machine -> (the remedy it got, the incident): one decision per slow machine
@@ -465,8 +468,9 @@ class DiagnosisEngine:
                     self._file_finding(f)
             except Exception:
                 log.exception("detector %s failed on tick", getattr(det, "name", det))
+        read = now if self.steps_read_until is None else min(now, self.steps_read_until)
         for job in list(self._jobs.values()):
-            self._check_progress(job, now, final=final)
+            self._check_progress(job, read, final=final)
         for inc in self.book.open_incidents():
             if inc.kind == "hang":
                 self._hang_workflow(inc, now, final=final)

@@ -122,10 +122,12 @@ class DiagnosisConfig:
     # The service's producer (repartition forwards, checkpoints, outputs; stream/produce.py): "auto"
     # (confluent-kafka when installed: ~2 us a message against kafka-python's ~20), "kafka" or "confluent".
     producer: str = "auto"
-    # The group consumer (stream/coop.py): "kafka" (kafka-python: eager rebalances, every instance stops
-    # while one joins or leaves) or "confluent" (cooperative-sticky: only the partitions that move stop, on
-    # a real Kafka; on the embedded broker a member lost its whole assignment in a join: slower there);
-    # "auto": confluent on a real cluster, kafka on the embedded broker.
+    # The consumer's client (stream/coop.py): "kafka" (kafka-python) or "confluent" (librdkafka: records
+    # parsed in C). In the group: kafka-python rebalances eagerly (every instance stops while one joins
+    # or leaves), librdkafka cooperatively (only the partitions that move stop, on a real Kafka; on the
+    # embedded broker a member lost its whole assignment in a join: slower there). Under membership
+    # "members": only which client fetches. "auto": confluent on a real cluster, kafka on the embedded
+    # broker (only kafka-python's consumer notices a memory-only broker that restarted).
     consumer: str = "auto"
     # Static membership (group.instance.id), one stable id per instance: a restart within the session
     # timeout keeps its partitions, no rebalance (real Kafka 2.3+; the embedded broker does not honour it).

@@ -49,9 +49,11 @@ log = logging.getLogger(__name__)
 
 
 class _Raw:
-    """The ``raw`` view ConsumeLoop and the service use: assignment() and seek(tp, offset)."""
+    """The ``raw`` view ConsumeLoop, the service and the heartbeat membership use, with kafka-python's
+    names and ``kafka.TopicPartition``s: assignment, pause, resume, seek, assign, highwater, position,
+    partitions_for_topic."""
 
-    def __init__(self, owner: CooperativeConsumer):
+    def __init__(self, owner: _LibrdkafkaConsumer):
         self._owner = owner
 
     def assignment(self) -> set[Any]:
@@ -74,58 +76,73 @@ class _Raw:
         except ck.KafkaException as exc:
             raise BusError(f"seek of {tp.topic}[{tp.partition}] to {offset} failed: {exc}") from exc
 
+    def assign(self, tps: Iterable[Any]) -> None:
+        """Fetch exactly ``tps`` (kafka-python's ``assign``): only the difference is added or removed,
+        so a partition kept goes on from where it is (a whole new assignment would restart every
+        partition from its committed offset)."""
+        ck, c = self._owner._ck, self._owner._consumer
+        want = {(tp.topic, tp.partition) for tp in tps}
+        have = {(tp.topic, tp.partition) for tp in c.assignment()}
+        try:
+            if have - want:
+                c.incremental_unassign([ck.TopicPartition(t, p) for t, p in sorted(have - want)])
+            if want - have:
+                c.incremental_assign([ck.TopicPartition(t, p) for t, p in sorted(want - have)])
+        except ck.KafkaException as exc:
+            raise BusError(f"assigning {sorted(want)} failed: {exc}") from exc
 
-class CooperativeConsumer:
-    """A member of ``group_id`` over ``kinds``' topics, rebalanced incrementally (module docstring)."""
+    def highwater(self, tp: Any) -> int | None:
+        """The partition's end as of its last fetch (None before one)."""
+        ck = self._owner._ck
+        marks = self._owner._consumer.get_watermark_offsets(ck.TopicPartition(tp.topic, tp.partition), cached=True)
+        return marks[1] if marks and marks[1] >= 0 else None
+
+    def position(self, tp: Any) -> int | None:
+        """The offset of the next record ``poll`` hands over (None when not known)."""
+        ck = self._owner._ck
+        got = self._owner._consumer.position([ck.TopicPartition(tp.topic, tp.partition)])
+        return got[0].offset if got and got[0].offset >= 0 else None
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        ck = self._owner._ck
+        try:
+            meta = self._owner._consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+        except ck.KafkaException as exc:
+            raise BusError(f"metadata of {topic} failed: {exc}") from exc
+        if meta is None or meta.error is not None:
+            return None
+        return set(meta.partitions)
+
+
+class _LibrdkafkaConsumer:
+    """``stream.bus.Consumer``'s interface on a confluent-kafka consumer of ``group_id`` over ``kinds``'
+    topics, not yet subscribed to anything: ``poll``, ``commit``, ``close`` and ``raw``."""
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None = None,
-                 from_beginning: bool = True, listener: Any = None, fetch_max_wait_ms: int = 100,
-                 instance_id: str = ""):
+                 from_beginning: bool = True, fetch_max_wait_ms: int = 100, extra: dict[str, Any] | None = None):
         try:
             import confluent_kafka as ck
         except ImportError:
             raise ConfigError("consumer 'confluent' needs confluent-kafka: pip install confluent-kafka") from None
         self._ck = ck
         self.prefix = bus.topic_prefix
-        self.listener = listener
         self.topics = [topics.topic(k, self.prefix) for k in kinds]
-        # The processor's librdkafka settings (stream/fetch.py), as a cooperative group member that
-        # answers at once: no minimum fetch size, its own fetch wait, the embedded broker's short session.
+        # The processor's librdkafka settings (stream/fetch.py), as a consumer that answers at once:
+        # no minimum fetch size, its own fetch wait.
         conf = confluent_settings(bus, bootstrap, check_crcs=False)
         conf.pop("check.crcs")
-        embedded = is_embedded(conf["bootstrap.servers"])
         conf.update({
             "group.id": group_id,
-            "partition.assignment.strategy": "cooperative-sticky",
             "auto.offset.reset": "earliest" if from_beginning else "latest",
-            "session.timeout.ms": 3000 if embedded else bus.session_timeout_ms,
             "fetch.min.bytes": 1,
             "fetch.wait.max.ms": fetch_max_wait_ms,
             "topic.metadata.refresh.interval.ms": 5000,
+            **(extra or {}),
         })
-        if instance_id:
-            conf["group.instance.id"] = instance_id
         try:
             self._consumer = ck.Consumer(conf)
-            self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
-                                     on_lost=self._revoked)
         except ck.KafkaException as exc:
             raise BusError(f"cannot start a consumer on {self.topics}: {exc}") from exc
-
-    def _tps(self, parts: list[Any]) -> list[Any]:
-        from kafka import TopicPartition
-
-        return [TopicPartition(p.topic, p.partition) for p in parts]
-
-    def _assigned(self, consumer: Any, parts: list[Any]) -> None:
-        consumer.incremental_assign(parts)
-        if self.listener is not None and parts:
-            self.listener.on_partitions_assigned(self._tps(parts))
-
-    def _revoked(self, consumer: Any, parts: list[Any]) -> None:
-        if self.listener is not None and parts:
-            self.listener.on_partitions_revoked(self._tps(parts))
-        consumer.incremental_unassign(parts)
 
     @property
     def raw(self) -> _Raw:
@@ -171,30 +188,79 @@ class CooperativeConsumer:
     def close(self) -> None:
         self._consumer.close()
 
-    def __enter__(self) -> CooperativeConsumer:
+    def __enter__(self) -> _LibrdkafkaConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
+class CooperativeConsumer(_LibrdkafkaConsumer):
+    """A member of ``group_id`` over ``kinds``' topics, rebalanced incrementally (module docstring)."""
+
+    def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None = None,
+                 from_beginning: bool = True, listener: Any = None, fetch_max_wait_ms: int = 100,
+                 instance_id: str = ""):
+        servers = bootstrap or bus.bootstrap_servers or ""
+        extra: dict[str, Any] = {"partition.assignment.strategy": "cooperative-sticky",
+                                 "session.timeout.ms": 3000 if is_embedded(servers) else bus.session_timeout_ms}
+        if instance_id:
+            extra["group.instance.id"] = instance_id
+        super().__init__(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=from_beginning,
+                         fetch_max_wait_ms=fetch_max_wait_ms, extra=extra)
+        self.listener = listener
+        try:
+            self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                     on_lost=self._revoked)
+        except self._ck.KafkaException as exc:
+            raise BusError(f"cannot subscribe to {self.topics}: {exc}") from exc
+
+    def _tps(self, parts: list[Any]) -> list[Any]:
+        from kafka import TopicPartition
+
+        return [TopicPartition(p.topic, p.partition) for p in parts]
+
+    def _assigned(self, consumer: Any, parts: list[Any]) -> None:
+        consumer.incremental_assign(parts)
+        if self.listener is not None and parts:
+            self.listener.on_partitions_assigned(self._tps(parts))
+
+    def _revoked(self, consumer: Any, parts: list[Any]) -> None:
+        if self.listener is not None and parts:
+            self.listener.on_partitions_revoked(self._tps(parts))
+        consumer.incremental_unassign(parts)
+
+
+class AssignedConsumer(_LibrdkafkaConsumer):
+    """No group membership: fetches what ``raw.assign`` names and commits as ``group_id`` (the
+    heartbeat membership of diagnosis/online/membership.py decides the partitions), with records
+    parsed in C rather than in kafka-python's Python."""
+
+
 CONSUMERS = ("kafka", "confluent")
+
+
+def consumer_backend(backend: str, bus: BusConfig, bootstrap: str | None) -> str:
+    """``auto``: ``confluent`` when confluent-kafka is installed and the bus is a real cluster, else
+    ``kafka`` (on the embedded broker a cooperative member lost its whole assignment in joins, and only
+    kafka-python's consumer notices a memory-only broker that restarted: stream/bus.py)."""
+    if backend not in ("auto", *CONSUMERS):
+        raise ConfigError(f"diagnosis consumer {backend!r} not in {('auto', *CONSUMERS)}")
+    if backend != "auto":
+        return backend
+    from faultlens.stream.produce import confluent_available
+
+    servers = bootstrap or bus.bootstrap_servers or ""
+    return "confluent" if confluent_available() and not is_embedded(servers) else "kafka"
 
 
 def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: str, bootstrap: str | None,
                    listener: Any, fetch_max_wait_ms: int, instance_id: str = "") -> Any:
     """A group member over ``kinds``: ``kafka`` (kafka-python, eager rebalances) or ``confluent``
     (cooperative-sticky, this module); ``instance_id``: static membership (group.instance.id)."""
-    if backend not in ("auto", *CONSUMERS):
-        raise ConfigError(f"diagnosis consumer {backend!r} not in {('auto', *CONSUMERS)}")
-    if backend == "auto":
-        from faultlens.stream.produce import confluent_available
-
-        # Not on the embedded broker: there a member lost its whole assignment when others joined
-        # (benchmarks/scaleout.py --consumer confluent: Xid -> action 10-13 s in the joins, 2 s eager).
-        servers = bootstrap or bus.bootstrap_servers or ""
-        backend = "confluent" if confluent_available() and not is_embedded(servers) else "kafka"
-    if backend == "confluent":
+    # Not "confluent" on the embedded broker by default: there a member lost its whole assignment when
+    # others joined (benchmarks/scaleout.py --consumer confluent: Xid -> action 10-13 s in the joins, 2 s eager).
+    if consumer_backend(backend, bus, bootstrap) == "confluent":
         return CooperativeConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, listener=listener,
                                    fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
     from faultlens.stream.bus import Consumer

@@ -5,7 +5,9 @@
   holds it (after the holder's release, or after its heartbeats stopped), a newer epoch fences;
 * two MemberConsumers on the embedded broker: the second takes its share while the first keeps
   the rest (released first, then taken), and a member that dies without a word loses its
-  partitions to the survivor after the timeout.
+  partitions to the survivor after the timeout; with either client (kafka-python, librdkafka);
+* librdkafka under the membership: an assignment that changes leaves the kept partitions where
+  they are, and a commit as the group is where the next holder starts.
 """
 
 from __future__ import annotations
@@ -144,11 +146,14 @@ def _poll_until(consumers: list[MemberConsumer], done: Any, timeout_s: float = 2
 
 
 @pytest.mark.broker
-def test_a_join_splits_the_partitions_and_a_silent_death_hands_them_back(bus: Any) -> None:
+@pytest.mark.parametrize("backend", ["kafka", "confluent"])
+def test_a_join_splits_the_partitions_and_a_silent_death_hands_them_back(bus: Any, backend: str) -> None:
+    if backend == "confluent":
+        pytest.importorskip("confluent_kafka")
     ensure_topics(bus, names=["diag-repartition", "diag-members"])
     every = set(range(REPARTITION_PARTITIONS))
     kw: dict[str, Any] = {"group_id": f"{bus.topic_prefix}-g", "bootstrap": None, "heartbeat_s": 0.2,
-                          "timeout_s": 1.0}
+                          "timeout_s": 1.0, "backend": backend}
     la, lb = _Listener(), _Listener()
     a = MemberConsumer(bus, ["diag-repartition"], listener=la, member_id="a", **kw)
     b = None
@@ -175,3 +180,47 @@ def test_a_join_splits_the_partitions_and_a_silent_death_hands_them_back(bus: An
         a.close()
         if b is not None:
             b._consumer.close()
+
+
+@pytest.mark.broker
+def test_librdkafka_keeps_positions_through_assignments_and_commits_as_the_group(bus: Any) -> None:
+    pytest.importorskip("confluent_kafka")
+    from faultlens.stream.bus import Producer
+    from faultlens.stream.coop import AssignedConsumer
+
+    ensure_topics(bus, names=["diag-repartition"])
+    name = topic("diag-repartition", bus.topic_prefix)
+    tp0, tp1 = TopicPartition(name, 0), TopicPartition(name, 1)
+
+    def send(partition: int, n: int) -> None:
+        with Producer(bus) as p:
+            for i in range(n):
+                p.send_raw("diag-repartition", "job", b"v%d" % i, partition=partition)
+            p.flush(10)
+
+    def fetch(c: AssignedConsumer, n: int) -> list[tuple[int, int]]:
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            got += [(m.partition, m.offset) for m in c.poll(100)]
+        return sorted(got)
+
+    send(0, 5)
+    send(1, 5)
+    group = f"{bus.topic_prefix}-g"
+    c = AssignedConsumer(bus, ["diag-repartition"], group_id=group)
+    try:
+        assert c.raw.partitions_for_topic(name) == set(range(REPARTITION_PARTITIONS))
+        c.raw.assign([tp0, tp1])
+        assert fetch(c, 10) == [(p, o) for p in (0, 1) for o in range(5)]
+        send(0, 3)
+        c.raw.assign([tp0])  # partition 1 goes; partition 0 goes on from offset 5, not from the start
+        assert {(tp.topic, tp.partition) for tp in c.raw.assignment()} == {(name, 0)}
+        assert fetch(c, 3) == [(0, 5), (0, 6), (0, 7)]
+        c.commit({(name, 0): 8})
+    finally:
+        c.close()
+    send(0, 1)
+    with AssignedConsumer(bus, ["diag-repartition"], group_id=group) as again:
+        again.raw.assign([tp0])
+        assert fetch(again, 1) == [(0, 8)]  # from the group's committed offset

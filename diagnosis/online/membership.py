@@ -377,10 +377,20 @@ class MemberConsumer:
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str | None,
                  listener: Any, member_id: str, restore_kinds: Iterable[str] = (), fetch_max_wait_ms: int = 100,
-                 heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None):
+                 heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None,
+                 backend: str = "kafka"):
+        """``backend``: the client that fetches (stream.coop.consumer_backend): ``kafka`` (kafka-python)
+        or ``confluent`` (librdkafka, stream.coop.AssignedConsumer)."""
         self.listener = listener
-        self._consumer = Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True,
-                                  manual=True, fetch_max_wait_ms=fetch_max_wait_ms)
+        self._consumer: Any
+        if backend == "confluent":
+            from faultlens.stream.coop import AssignedConsumer
+
+            self._consumer = AssignedConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap,
+                                              fetch_max_wait_ms=fetch_max_wait_ms)
+        else:
+            self._consumer = Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True,
+                                      manual=True, fetch_max_wait_ms=fetch_max_wait_ms)
         self.topics = self._consumer.topics
         self._restore_topics = {topics.topic(k, bus.topic_prefix) for k in restore_kinds}
         try:
