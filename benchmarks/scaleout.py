@@ -438,8 +438,9 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
             row["busy_scaling"] = round(all_busy / out[0]["records_per_busy_s_all"], 2)
             row["cpu_scaling"] = round(all_cpu / max(1, out[0]["records_per_handler_cpu_s_all"]), 2)
         if row["outputs"]:
-            print(f"    {row['outputs']} output(s) decided on a fleet without faults (false alarms while draining)",
-                  flush=True)
+            row["false_alarms"] = _incidents(bus)
+            print(f"    {row['outputs']} output(s) decided on a fleet without faults (false alarms while draining): "
+                  f"{row['false_alarms']}", flush=True)
         if not row["drained"]:
             print(f"    NOT DRAINED in 300 s: applied {end[1]} of {total}; forwarded by the repartitioners "
                   f"{row['forwarded']} (input {total + len(fl.topologies)}), repeats skipped {row['skipped']}",
@@ -448,6 +449,27 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
               + (f" ({row['busy_scaling']} and {row['cpu_scaling']} of one instance's)" if "busy_scaling" in row
                  else ""), flush=True)
     return out
+
+
+def _incidents(bus: Any) -> dict[str, int]:
+    """The incidents on the bus, counted by kind and title (what a fleet without faults should not have)."""
+    from faultlens.stream import schema
+    from faultlens.stream.bus import Consumer
+
+    seen: dict[str, str] = {}
+    with Consumer(bus, ["incidents"], group_id=None, from_beginning=True) as c:
+        quiet = time.monotonic()
+        while time.monotonic() - quiet < 2.0:
+            got = c.poll(200)
+            if got:
+                quiet = time.monotonic()
+            for m in got:
+                i = schema.decode("incidents", m.value)
+                seen[i.id] = f"{i.kind}: {i.title}"
+    counts: dict[str, int] = {}
+    for what in seen.values():
+        counts[what] = counts.get(what, 0) + 1
+    return counts
 
 
 def live(broker: Any, base: Path, nodes: int, phase_s: float, failovers: int) -> dict[str, Any]:

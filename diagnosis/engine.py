@@ -152,6 +152,9 @@ class DiagnosisEngine:
         # online: how far this job's step timings have been read (diagnosis.online.watermark); silence is
         # judged no later than that, so a backlog whose GPU samples come before its steps is no hang
         self.steps_read_until: float | None = None
+        # online: a silence must stay a hang this long in wall time before it is called (records that come
+        # late reach the service within seconds of each other, whatever their times say)
+        self.hang_dwell_s = 0.0
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
         # job -> slow machine -> (the remedy it got, the incident): one decision per slow machine
@@ -506,7 +509,16 @@ class DiagnosisEngine:
         call = check_hang(job.progress, now, self.steps_cfg, self.config.diagnosis.hang_no_progress_s, final=final,
                           stacks=job.stacks.values())
         if call is None:
+            job.progress.hang_pending_since = None
             return
+        if self.hang_dwell_s > 0 and not final:
+            wall = time.time()
+            since = job.progress.hang_pending_since
+            if since is None or since > wall:
+                job.progress.hang_pending_since = wall
+                return
+            if wall - since < self.hang_dwell_s:
+                return
         inc = self.book.job_incident(job.name, "hang", call.ts, confidence=call.confidence,
                                      rule="engine:no_step_progress", text=call.text, figures=call.figures)
         if inc is None:

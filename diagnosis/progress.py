@@ -62,6 +62,7 @@ class JobProgress:
     after_held: int = 0
     after_released: int = 0
     hang_open: str | None = None
+    hang_pending_since: float | None = None  # online: wall time a silence was first judged a hang (dwell)
     hang_step: int | None = None  # the job's last step when the hang was called
     subset_called: list[int] = field(default_factory=list)  # the silent subset already reported
     ended_step: int | None = None  # judged finished at this step (idle, memory released)

@@ -1,5 +1,5 @@
-"""Step marks (diagnosis/online/watermark.py): a backlog whose GPU samples come before its step timings
-is no hang; a job whose steps were read and stopped still is.
+"""Step marks and the hang dwell (diagnosis/online/watermark.py): a backlog whose GPU samples come before
+its step timings is no hang; a job whose steps were read and stopped still is, once it lasted the dwell.
 
 The fleet (tests/fleetgen) goes through the online service's apply stage as repartitioned messages, the
 way benchmarks/engine_throughput.py feeds it, in the order a client draining a backlog may hand it over:
@@ -71,18 +71,27 @@ def _stream(*, marks: bool, stop_steps_of: str | None = None, lead_s: float = LE
     return out
 
 
-def _outputs(stream: list[Message]) -> list[Any]:
+def _outputs(stream: list[Message], *, dwell_s: float = 0.0, then_wait_s: float = 0.0) -> tuple[list[Any], list[Any]]:
+    """What the service decided while applying ``stream``, and after ``then_wait_s`` more of wall time."""
     svc = engine_throughput._service(REPARTITION_PARTITIONS)
     svc.tick_interval_s = 0.0
+    svc.hang_dwell_s = dwell_s
     outputs: list[Any] = []
+
+    def drain() -> list[Any]:
+        out = [o for st in svc.states.values() for o in st.outbox]
+        for st in svc.states.values():
+            st.outbox = []
+        return out
+
     for i in range(0, len(stream), 500):
         svc._apply(stream[i:i + 500])
-        for st in svc.states.values():
-            outputs += st.outbox
-            st.outbox = []
+        outputs += drain()
     svc._tick(force=True)
-    outputs += [o for st in svc.states.values() for o in st.outbox]
-    return outputs
+    outputs += drain()
+    time.sleep(then_wait_s)
+    svc._tick(force=True)
+    return outputs, drain()
 
 
 def _hangs(outputs: list[Any]) -> set[str]:
@@ -107,14 +116,15 @@ def test_the_step_partition_is_where_a_producer_puts_the_job(bus: Any) -> None:
     assert len(set(got.values())) > 1  # spread: the test can fail
 
 
-def test_marks_are_checked_and_only_move_forward() -> None:
+def test_marks_are_checked_and_the_newest_stands() -> None:
     marks = watermark.StepMarks()
     assert marks.read_until(3, "job0000") is None
     assert marks.note(3, watermark.encode("x.steps", 4, {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}))
     p = watermark.steps_partition("job0000", 4)
     assert marks.read_until(3, "job0000") == 100.0
-    assert marks.note(3, watermark.encode("x.steps", 4, dict.fromkeys(range(4), 50.0)))  # a replayed old one
-    assert marks.read_until(3, "job0000") == 100.0
+    assert marks.note(3, watermark.encode("x.steps", 4, dict.fromkeys(range(4), 50.0)))  # a new holder reads again
+    assert marks.read_until(3, "job0000") == 50.0
+    assert marks.note(3, watermark.encode("x.steps", 4, {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}))
     assert marks.read_until(4, "job0000") is None  # another partition has heard nothing
     for bad in (b"", b"garbage", b'{"v": 1}', b'{"v": 1, "topic": "s", "n": 4, "until": {"9": 1.0}}',
                 b'{"v": 1, "topic": "s", "n": 4, "until": {"0": "x"}}', b'{"v": 2, "topic": "s", "n": 4, "until": {}}',
@@ -126,13 +136,25 @@ def test_marks_are_checked_and_only_move_forward() -> None:
 
 
 def test_a_backlog_whose_gpu_samples_run_ahead_of_its_steps_is_no_hang() -> None:
-    without = _outputs(_stream(marks=False))
+    without, _ = _outputs(_stream(marks=False))
     assert _hangs(without), "the skewed stream no longer makes a false hang without marks: the test proves nothing"
-    with_marks = _outputs(_stream(marks=True))
+    with_marks, _ = _outputs(_stream(marks=True))
     assert not _hangs(with_marks) and not any(type(o).KIND == "actions" for o in with_marks)
+
+
+def test_without_marks_the_dwell_lets_late_steps_arrive_first() -> None:
+    """Marks cover what the client has not handed over yet; the dwell what producers send late."""
+    during, after = _outputs(_stream(marks=False), dwell_s=2.0, then_wait_s=2.2)
+    assert not _hangs(during) and not _hangs(after)
 
 
 @pytest.mark.parametrize("lead_s", [0.0, LEAD_S])
 def test_a_job_whose_steps_were_read_and_stopped_is_still_a_hang(lead_s: float) -> None:
-    outputs = _outputs(_stream(marks=True, stop_steps_of="job0002", lead_s=lead_s))
-    assert _hangs(outputs) == {"job0002"}
+    during, _ = _outputs(_stream(marks=True, stop_steps_of="job0002", lead_s=lead_s))
+    assert _hangs(during) == {"job0002"}
+
+
+def test_a_real_hang_is_called_once_it_has_lasted_the_dwell() -> None:
+    during, after = _outputs(_stream(marks=True, stop_steps_of="job0002"), dwell_s=2.0, then_wait_s=2.2)
+    assert not _hangs(during), "called before the dwell (or the apply took over 2 s)"
+    assert _hangs(after) == {"job0002"}

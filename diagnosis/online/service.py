@@ -114,7 +114,8 @@ class DiagnosisService:
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
                  from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
-                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0, guard_log: GuardLog | None = None):
+                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0, guard_log: GuardLog | None = None,
+                 hang_dwell_s: float = watermark.HANG_DWELL_S):
         self.config = config
         # The caps' log shared by every instance (diagnosis.guardlog): the topic diag-guard, opened by serve()
         # unless one is given (tests).
@@ -140,6 +141,7 @@ class DiagnosisService:
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
         self.checkpoint_interval_s = checkpoint_interval_s
+        self.hang_dwell_s = hang_dwell_s  # a silence stays a hang this long in wall time before it is called
         self.lookback_s = lookback_s
         self.engine = _FleetView(self)
         self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
@@ -452,6 +454,7 @@ class DiagnosisService:
             if until is None and now - self._taken_at.get(st.partition, -1e9) < watermark.FIRST_MARK_WAIT_S:
                 until = 0.0  # just taken: no silence judged before the first marks
             st.engine.steps_read_until = until
+            st.engine.hang_dwell_s = self.hang_dwell_s
             out = st.engine.tick(self.stream_time.get(st.partition) or None)
             if out:
                 st.outbox.extend(out)

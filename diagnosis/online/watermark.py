@@ -17,10 +17,18 @@ The mark goes to every ``diag-repartition`` partition after the forwards it
 covers (key ``~wm``, header ``k: watermark``), so an instance that reads it has
 read every step it covers. The service ticks a job's engine with the mark of the
 job's step partition as ``steps_read_until`` (the engine judges silence no later
-than that); a job whose step partition has no mark yet is judged as before. A
-mark only ever moves forward (the largest seen wins), so a forged or replayed old
-one cannot hold hang detection back, and one from the future only does what no
-mark did.
+than that). A partition just taken judges no silence until marks come (at most
+``FIRST_MARK_WAIT_S``); a job whose step partition has no mark after that (no
+repartitioner holds it, or one of an older version) is judged as before.
+
+A mark says what was read, not what producers will still send: "read to the end"
+holds only for what reached the broker, and an agent resending its spool after a
+broker outage delivers minutes of records late, GPU samples and steps from
+different agents. So a silence must also stay a hang for ``HANG_DWELL_S`` of wall
+time before it is called: late records reach the service within seconds of each
+other. The newest mark replaces the one before (a new holder reading a partition
+again says less: judging waits); a forged mark can hold hang detection back, as a
+forged forward could do worse: only the diagnosis principal writes the topic.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ INTERVAL_S = 1.0  # how often a repartitioner says how far it has read
 # A partition just taken judges no silence until its first mark, for at most this long (a repartitioner
 # of an older version sends none; then silence is judged as before).
 FIRST_MARK_WAIT_S = 30.0
+# A silence stays a hang this long in wall time before it is called (see the module docstring).
+HANG_DWELL_S = 30.0
 
 
 def steps_partition(job: str, partitions: int) -> int:
@@ -78,16 +88,15 @@ class StepMarks:
         self.bad = 0
 
     def note(self, diag_partition: int, value: bytes | None) -> bool:
+        """The newest mark for a step partition replaces the one before: a lower one (the partition's new
+        holder reading it again, a backlog arriving after a quiet spell) holds judging back, as it should."""
         try:
             _, n, until = decode(value)
         except ValueError:
             self.bad += 1
             return False
         self._partitions = n
-        marks = self._until.setdefault(diag_partition, {})
-        for p, t in until.items():
-            if t > marks.get(p, -math.inf):
-                marks[p] = t
+        self._until.setdefault(diag_partition, {}).update(until)
         return True
 
     def read_until(self, diag_partition: int, job: str) -> float | None:
