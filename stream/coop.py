@@ -97,8 +97,8 @@ class _Raw:
         marks = self._owner._consumer.get_watermark_offsets(ck.TopicPartition(tp.topic, tp.partition), cached=True)
         return marks[1] if marks and marks[1] >= 0 else None
 
-    def position(self, tp: Any) -> int | None:
-        """The offset of the next record ``poll`` hands over (None when not known)."""
+    def position(self, tp: Any, timeout_ms: int = 0) -> int | None:
+        """The offset of the next record ``poll`` hands over (None when not known; never waits)."""
         ck = self._owner._ck
         got = self._owner._consumer.position([ck.TopicPartition(tp.topic, tp.partition)])
         return got[0].offset if got and got[0].offset >= 0 else None

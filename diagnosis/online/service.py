@@ -375,7 +375,7 @@ class DiagnosisService:
                 continue
             key = m.key or "unknown"
             if key == watermark.WM_KEY and m.header("k") == watermark.WM_KIND:
-                self.step_marks.note(p, m.value)  # the largest wins: a replayed one changes nothing
+                self.step_marks.note(p, m.value)  # the newest stands (watermark.StepMarks.note)
                 self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
                 continue
             if m.offset < self._marked.get(p, 0):
@@ -548,7 +548,8 @@ class DiagnosisService:
             read = rep.steps_read.get((tp.topic, tp.partition))
             until[tp.partition] = read / 1000 if read is not None else 0.0
             try:
-                high, position = raw.highwater(tp), raw.position(tp)
+                high = raw.highwater(tp)  # known once the partition was fetched; then position is too
+                position = raw.position(tp, timeout_ms=0) if high is not None else None
             except Exception:  # noqa: BLE001 - not known now: read up to the last record only
                 continue
             if high is not None and position is not None and position >= high:  # read to its end
