@@ -149,11 +149,8 @@ class DiagnosisEngine:
         self._jobs: dict[str, JobState] = {}
         self._node_job: dict[str, str] = {}
         self.routed_job: str | None = None  # online: the job key this engine serves (diagnosis.state.EngineFactory)
-        # online: how far this job's step timings have been read (diagnosis.online.watermark); silence is
-        # judged no later than that, so a backlog whose GPU samples come before its steps is no hang
-        self.steps_read_until: float | None = None
-        # online: a silence must stay a hang this long in wall time before it is called (records that come
-        # late reach the service within seconds of each other, whatever their times say)
+        # online: a silence must stay a hang this long in wall time before it is called ([diagnosis]
+        # hang_dwell_s: a backlog's steps reach the service seconds after its GPU samples, whatever their times)
         self.hang_dwell_s = 0.0
         self._outputs: list[Output] = []
         self._evicted: dict[str, set[str]] = {}  # job -> machines this engine had evicted
@@ -471,9 +468,8 @@ class DiagnosisEngine:
                     self._file_finding(f)
             except Exception:
                 log.exception("detector %s failed on tick", getattr(det, "name", det))
-        read = now if self.steps_read_until is None else min(now, self.steps_read_until)
         for job in list(self._jobs.values()):
-            self._check_progress(job, read, final=final)
+            self._check_progress(job, now, final=final)
         for inc in self.book.open_incidents():
             if inc.kind == "hang":
                 self._hang_workflow(inc, now, final=final)

@@ -113,6 +113,12 @@ class DiagnosisConfig:
     network_alerts_to_evict: int = 2
     network_window_s: float = 300.0
     hang_no_progress_s: float = 600.0
+    # Online: a silence stays a hang this long in wall time before it is called. Draining a backlog (after
+    # an outage, or agents resending their spools late) the clients hand the topics over unevenly: GPU
+    # samples move event time minutes past step timings that arrive seconds later (benchmarks/scaleout.py
+    # counted 22-32 false job hangs on a fleet without faults). 0: call at once. The demo scales it by
+    # its --speed (its clock runs that much faster than the wall clock).
+    hang_dwell_s: float = 30.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off

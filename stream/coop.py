@@ -50,8 +50,7 @@ log = logging.getLogger(__name__)
 
 class _Raw:
     """The ``raw`` view ConsumeLoop, the service and the heartbeat membership use, with kafka-python's
-    names and ``kafka.TopicPartition``s: assignment, pause, resume, seek, assign, highwater, position,
-    partitions_for_topic."""
+    names and ``kafka.TopicPartition``s: assignment, pause, resume, seek, assign, partitions_for_topic."""
 
     def __init__(self, owner: _LibrdkafkaConsumer):
         self._owner = owner
@@ -90,18 +89,6 @@ class _Raw:
                 c.incremental_assign([ck.TopicPartition(t, p) for t, p in sorted(want - have)])
         except ck.KafkaException as exc:
             raise BusError(f"assigning {sorted(want)} failed: {exc}") from exc
-
-    def highwater(self, tp: Any) -> int | None:
-        """The partition's end as of its last fetch (None before one)."""
-        ck = self._owner._ck
-        marks = self._owner._consumer.get_watermark_offsets(ck.TopicPartition(tp.topic, tp.partition), cached=True)
-        return marks[1] if marks and marks[1] >= 0 else None
-
-    def position(self, tp: Any, timeout_ms: int = 0) -> int | None:
-        """The offset of the next record ``poll`` hands over (None when not known; never waits)."""
-        ck = self._owner._ck
-        got = self._owner._consumer.position([ck.TopicPartition(tp.topic, tp.partition)])
-        return got[0].offset if got and got[0].offset >= 0 else None
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         ck = self._owner._ck

@@ -99,39 +99,3 @@ def test_a_poisoned_changelog_starts_jobs_afresh_and_the_next_xid_still_acts(bus
         actions.close()
         service.stop()
 
-
-@pytest.mark.parametrize("consumer", ["kafka", "confluent"])
-def test_the_service_marks_how_far_the_steps_were_read(bus, broker, consumer, monkeypatch):
-    """Step marks through the bus (diagnosis.online.watermark): a job's step timings partition is known read
-    up to its newest step, then, once read to its end, to the wall clock less the lateness."""
-    if consumer == "confluent":
-        pytest.importorskip("confluent_kafka")
-    from faultlens.diagnosis.online import watermark
-    from faultlens.stream.schema import StepTiming
-
-    monkeypatch.setattr(watermark, "LATENESS_S", 0.5)
-
-    config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{bus.topic_prefix}-diag", consumer=consumer))
-    ensure_topics(bus, broker.bootstrap)
-    service = DiagnosisService(config, bootstrap=broker.bootstrap, from_beginning=True).start()
-    try:
-        topo = Topology.packed(tp=8, pp=1, dp=2, gpus_per_node=8, job="j9")
-        t0 = time.time() - 30
-        with Producer(bus, broker.bootstrap) as producer:
-            producer.send(JobTopology(ts=t0, job="j9", **{k: v for k, v in topo.to_job_dict().items() if k != "job"}))
-            for i in range(5):
-                producer.send(StepTiming(ts=t0 + i, job="j9", rank=0, node="n001", step=i, duration_s=1.0))
-            producer.flush(5)
-        sent = time.time()  # the newest step's Kafka timestamp is before this
-        deadline = time.monotonic() + 30
-        read = None
-        while time.monotonic() < deadline:
-            st = service.states.get("j9")
-            read = service.step_marks.read_until(st.partition, "j9") if st is not None else None
-            if read is not None and read > sent + 1.0:
-                break
-            time.sleep(0.1)
-        assert read is not None, "no step marks reached the job's partition"
-        assert read > sent + 1.0, f"the steps were read to their end at {sent:.1f}, yet marked read until {read:.1f}"
-    finally:
-        service.stop()

@@ -76,8 +76,6 @@ class Repartitioner:
         self._held: dict[str, collections.deque[Message]] = {}
         self.forwarded = 0
         self.unjobbed = 0
-        # step timings partition -> Kafka timestamp (ms) of the newest record read from it (watermark.py)
-        self.steps_read: dict[tuple[str, int], int] = {}
         # Forwards not yet acknowledged (settle): (message, key, source key), and per input partition the
         # oldest offset among them (commits stay below it).
         self._sent: list[tuple[Message, str, str]] = []
@@ -126,12 +124,7 @@ class Repartitioner:
         if len(self._sent) >= self.max_unsettled or (self._sent and self.clock() - self._sent_since
                                                        >= self.settle_after_s):
             self.settle()
-        steps_read = self.steps_read
         for m in batch:
-            if m.kind == "steps":
-                where = (m.topic, m.partition)
-                if m.timestamp_ms > steps_read.get(where, -1):
-                    steps_read[where] = m.timestamp_ms
             if m.timestamp_ms < self.not_before_ms:
                 self.skipped_old += 1
                 continue

@@ -43,7 +43,6 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.online import watermark
 from faultlens.diagnosis.online.hotpath import forwarded_headers
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
@@ -114,8 +113,7 @@ class DiagnosisService:
     def __init__(self, config: Config, *, bootstrap: str | None = None, detectors: Sequence[Detector] = (),
                  node_health: NodeHealth | None = None, tick_interval_s: float = 1.0, poll_timeout_ms: int = 100,
                  from_beginning: bool = False, unknown_hold_s: float = 3.0, metrics: Any = None,
-                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0, guard_log: GuardLog | None = None,
-                 hang_dwell_s: float = watermark.HANG_DWELL_S):
+                 checkpoint_interval_s: float = 5.0, lookback_s: float = 60.0, guard_log: GuardLog | None = None):
         self.config = config
         # The caps' log shared by every instance (diagnosis.guardlog): the topic diag-guard, opened by serve()
         # unless one is given (tests).
@@ -141,7 +139,8 @@ class DiagnosisService:
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
         self.checkpoint_interval_s = checkpoint_interval_s
-        self.hang_dwell_s = hang_dwell_s  # a silence stays a hang this long in wall time before it is called
+        # A silence stays a hang this long in wall time before it is called ([diagnosis] hang_dwell_s).
+        self.hang_dwell_s = config.diagnosis.hang_dwell_s
         self.lookback_s = lookback_s
         self.engine = _FleetView(self)
         self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
@@ -153,12 +152,6 @@ class DiagnosisService:
         self._undecoded: dict[str, tuple[bytes, int, int]] = {}
         self.partitions: set[int] = set()
         self.stream_time: dict[int, float] = {}
-        # How far the step timings have been read (diagnosis.online.watermark): the marks this instance
-        # read, and when its repartitioner last sent its own.
-        self.step_marks = watermark.StepMarks()
-        self._marks_sent_at = -1e9
-        self._taken_at: dict[int, float] = {}  # partition -> when it was installed (monotonic)
-        self._partition_counts: dict[str, tuple[float, int]] = {}  # topic -> (when asked, partitions)
         self._applied: dict[int, int] = {}  # partition -> next offset after the last record applied
         self._marked: dict[int, int] = {}  # partition -> offset of its last checkpoint marker
         self._last_checkpoint = 0.0
@@ -278,8 +271,6 @@ class DiagnosisService:
             self.stream_time.pop(p, None)
             self._applied.pop(p, None)
             self._marked.pop(p, None)
-            self.step_marks.forget(p)
-            self._taken_at.pop(p, None)
         self.partitions -= gone
         if self._diag_loop is not None:
             name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
@@ -322,7 +313,6 @@ class DiagnosisService:
         # No seek: the committed offset never passes the marker (hold_back), so the group
         # resumes at or before it, and what the checkpoints already hold is skipped.
         self.partitions.add(p)
-        self._taken_at[p] = time.monotonic()
         self._resume(p)
         self.restores.append({"partition": p, "keys": keys, "records_read": restored.records_read,
                               "seconds": round(time.monotonic() - started, 3), "from_offset": start,
@@ -373,14 +363,10 @@ class DiagnosisService:
             if p not in self.partitions:
                 unowned[p] = min(unowned.get(p, m.offset), m.offset)
                 continue
-            key = m.key or "unknown"
-            if key == watermark.WM_KEY and m.header("k") == watermark.WM_KIND:
-                self.step_marks.note(p, m.value)  # the newest stands (watermark.StepMarks.note)
-                self._applied[p] = max(self._applied.get(p, 0), m.offset + 1)
-                continue
             if m.offset < self._marked.get(p, 0):
                 self.skipped += 1
                 continue  # already in a finished checkpoint round
+            key = m.key or "unknown"
             if key.startswith(UNJOBBED_PREFIX):
                 key = f"~nodes/{p}"
             st = self._state(key, p)
@@ -448,12 +434,7 @@ class DiagnosisService:
                 self.metrics.guard_breakers_open.labels(scope="fleet").set(int(book.fleet_breaker is not None))
                 self.metrics.guard_breakers_open.labels(scope="job").set(len(book.job_breakers))
         for st in self.states.values():
-            # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock;
-            # a job's silence no later than its step timings were read.
-            until = self.step_marks.read_until(st.partition, st.key)
-            if until is None and now - self._taken_at.get(st.partition, -1e9) < watermark.FIRST_MARK_WAIT_S:
-                until = 0.0  # just taken: no silence judged before the first marks
-            st.engine.steps_read_until = until
+            # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
             st.engine.hang_dwell_s = self.hang_dwell_s
             out = st.engine.tick(self.stream_time.get(st.partition) or None)
             if out:
@@ -517,50 +498,6 @@ class DiagnosisService:
         for p in marked:
             self._marked[p] = max(self._marked.get(p, 0), self._applied.get(p, 0))
         self.checkpoints += 1
-
-    def _partitions_of(self, topic: str) -> int:
-        """A topic's partition count, asked of the consumer at most every 10 s (0: unknown)."""
-        asked = self._partition_counts.get(topic)
-        if asked is None or time.monotonic() - asked[0] > 10.0:
-            try:
-                n = len(self._rep_consumer.raw.partitions_for_topic(topic) or ()) if self._rep_consumer else 0
-            except Exception:  # noqa: BLE001 - no metadata now: no marks this time
-                n = 0
-            asked = self._partition_counts[topic] = (time.monotonic(), n)
-        return asked[1]
-
-    def _send_step_marks(self) -> None:
-        """Say how far this instance has read its step timings partitions (diagnosis.online.watermark), to
-        every diag-repartition partition, after the forwards it covers (the same producer keeps the order)."""
-        now = time.monotonic()
-        if now - self._marks_sent_at < watermark.INTERVAL_S or self._producer is None or self._rep_consumer is None:
-            return
-        self._marks_sent_at = now
-        raw, rep = self._rep_consumer.raw, self.repartitioner
-        steps = topics.topic("steps", self.config.bus.topic_prefix)
-        held = [tp for tp in raw.assignment() if tp.topic == steps]
-        n, diag = self._partitions_of(steps), self._partitions_of(self.rep_topic)
-        if not held or not n or not diag or rep is None:
-            return
-        wall = time.time()
-        until: dict[int, float] = {}
-        for tp in held:
-            read = rep.steps_read.get((tp.topic, tp.partition))
-            until[tp.partition] = read / 1000 if read is not None else 0.0
-            try:
-                high = raw.highwater(tp)  # known once the partition was fetched; then position is too
-                position = raw.position(tp, timeout_ms=0) if high is not None else None
-            except Exception:  # noqa: BLE001 - not known now: read up to the last record only
-                continue
-            if high is not None and position is not None and position >= high:  # read to its end
-                until[tp.partition] = max(until[tp.partition], wall - watermark.LATENESS_S)
-        value = watermark.encode(steps, n, until)
-        try:
-            for d in range(diag):
-                self._producer.send_raw(REPARTITION, watermark.WM_KEY, value, partition=d,
-                                        headers=[("k", watermark.WM_KIND)])
-        except BusError as exc:
-            log.warning("diagnosis: step marks not sent (%s); next round", exc)
 
     def _hold_back(self) -> dict[tuple[str, int], int]:
         name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
@@ -658,7 +595,6 @@ class DiagnosisService:
                     repartitioner.try_settle()  # idle: the last round's forwards, so their offsets commit
                     self._tick()
                     self._flush()
-                self._send_step_marks()
                 if max_seconds is not None and time.monotonic() - started > max_seconds:
                     break
             self._tick(force=True)

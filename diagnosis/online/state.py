@@ -66,7 +66,7 @@ MARK_KEY = "~mark"
 # and closures are rebuilt by the new owner, its per-GPU memory is carried).
 STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
                     "counters", "guard_log", "on_suppressed", "routed_job",  # routed_job: set from the job's key by EngineFactory
-                    "steps_read_until", "hang_dwell_s"})  # set by the service before each tick (online.watermark)
+                    "hang_dwell_s"})  # hang_dwell_s: set by the service before each tick
 DYNAMIC = ("book", "counters._gpus", "counters._present", "counters._runs", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
            "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
 

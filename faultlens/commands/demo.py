@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.argtypes import positive_float, positive_int
-from faultlens.config import Config
+from faultlens.config import Config, DiagnosisConfig
 
 HELP = __doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else "run the demo"
 EXAMPLE = "faultlens demo --nodes 16 --speed 20 --workdir demo-run"
@@ -100,7 +100,9 @@ def start_pipeline(sup: Any, *, nodes: int, speed: float, segment: float, workdi
                    faults: list[str] | None = None) -> None:
     """Processor, diagnosis, runner and the live simulated cluster (the order they must start in)."""
     sup.start("stream", "stream")
-    sup.start("diagnose", "diagnose", "--set", f"keys.files={demo_key(workdir)}")  # the one that signs
+    # the one that signs; a hang's dwell in wall time, at the simulated clock's pace
+    sup.start("diagnose", "diagnose", "--set", f"keys.files={demo_key(workdir)}",
+              "--set", f"diagnosis.hang_dwell_s={DiagnosisConfig.hang_dwell_s / speed:.3f}")
     sup.start("runner", "runner")
     sim = ["simulate", "live", "--nodes", str(nodes), "--speed", str(speed), "--segment", str(segment),
            "--workdir", str(workdir / "cluster")]
