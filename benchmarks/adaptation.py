@@ -54,7 +54,7 @@ from faultlens.datasets import steptime, workload  # noqa: E402
 from faultlens.diagnosis.adaptation import plan_for_finding  # noqa: E402
 from faultlens.models.costmodel import JobShape, Layout  # noqa: E402
 from faultlens.models.planner import AdaptationPlanner, restart_seconds  # noqa: E402
-from faultlens.stream.schema import Finding  # noqa: E402
+from faultlens.schema import Finding  # noqa: E402
 from faultlens.stream.topology import Topology  # noqa: E402
 
 SLOWDOWNS = (0.05, 0.10, 0.20, 0.40, 0.60)

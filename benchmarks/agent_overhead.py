@@ -53,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
 
     from faultlens.collectors.agent import Agent
     from faultlens.config import AgentConfig, BusConfig, Config
-    from faultlens.stream.schema import GpuState
+    from faultlens.schema import GpuState
 
     class EightGpus:
         def open(self) -> None:

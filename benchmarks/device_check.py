@@ -5,7 +5,7 @@ wherever a GPU is at hand (the project's CI has none). It checks, in order:
 
 1. ``PynvmlBackend`` opens NVML and reads ``--samples`` samples one second apart; each
    sample goes through the agent's wire encoder and back through the one decoder
-   (stream/decode.py), and every field the decoder had to null is listed (a real
+   (faultlens/decode.py), and every field the decoder had to null is listed (a real
    driver's types must decode clean).
 2. NVML's event set: whether Xid / ECC events register on this GPU, and what a short
    wait returns.
@@ -40,13 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlens import decode as decoder
+from faultlens import schema
 from faultlens.collectors.follow import KmsgReader
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nvml import PynvmlBackend
+from faultlens.collectors.signatures import classify, classify_nvsmi
 from faultlens.errors import FaultlensError
-from faultlens.signatures import classify, classify_nvsmi
-from faultlens.stream import decode as decoder
-from faultlens.stream import schema
 
 
 def _sample_nvml(n: int, report: dict[str, Any], out: Path | None) -> None:

@@ -107,7 +107,7 @@ class _SteadyGpus:
         return 8
 
     def read(self) -> list:
-        from faultlens.stream.schema import GpuState
+        from faultlens.schema import GpuState
 
         return [GpuState(index=i, pci_bus=f"0000:{0x18 + 0x10 * i:02x}:00.0", util=97.0, temp_c=60.0) for i in range(8)]
 
@@ -128,13 +128,13 @@ def online_latency(trials: int, *, through_agent: bool = False) -> dict:
     """
     import threading
 
+    from faultlens import schema
     from faultlens.collectors.agent import Agent
     from faultlens.config import AgentConfig, BusConfig, DiagnosisConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream import schema
+    from faultlens.schema import JobTopology, KernelEvent
     from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
-    from faultlens.stream.schema import JobTopology, KernelEvent
     from faultlens.stream.topology import Topology
 
     lat = []

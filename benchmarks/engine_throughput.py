@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 def _messages(fl: Any, partitions: int) -> list[Any]:
     """The fleet as repartition-topic messages: key = job, headers as the repartitioner writes them."""
+    from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
     from faultlens.stream.bus import Message
-    from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
 
     node_job = {}
     for t in fl.topologies:

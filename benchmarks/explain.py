@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     mb = args.mb or (0.5 if args.smoke else 10.0 if args.quick else 100.0)
     from faultlens.commands import explain as cmd
-    from faultlens.explain import score_real_logs
+    from faultlens.diagnosis.explain import score_real_logs
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kern.log")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from faultlens.models.failslow import FailSlowDetector  # noqa: E402
 from faultlens.models.predictor import JobStepPredictor, compute_time  # noqa: E402
-from faultlens.stream.schema import StepTiming  # noqa: E402
+from faultlens.schema import StepTiming  # noqa: E402
 from faultlens.stream.topology import Topology  # noqa: E402
 
 SIZES = (0.05, 0.10, 0.20, 0.40)

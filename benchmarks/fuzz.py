@@ -58,7 +58,7 @@ def _crash(out: Path, kind: str, n: int, payload: dict, exc: BaseException | Non
 def fuzz_explain(n_lines: int, file_lines: int, seed: int, out: Path, progress) -> dict:
     import orjson
 
-    from faultlens.explain import explain_lines
+    from faultlens.diagnosis.explain import explain_lines
     from tests.fuzzgen import SOURCES, mutated_lines
 
     rng = random.Random(seed)

@@ -7,7 +7,7 @@
    (tests/fuzzgen.py ``mutate_bytes`` and JSON-level damage: a cut, a flipped bit, bytes that are
    not UTF-8, NULs, a field of the wrong type, a huge or non-finite number, 5,000-deep nesting,
    an empty message, a missing field, text instead of JSON). A child process builds and
-   produces them and asks the decoder (stream/decode.py) about each, so the expected dead
+   produces them and asks the decoder (faultlens/decode.py) about each, so the expected dead
    letters are known; then the stream processor drains every topic into a Parquet lake and
    its dead-letter, quarantine and row counters are compared with that.
 2. batch: a batch directory (a simulated 4-node job) given a 100 MB single-line kernel log, a
@@ -95,9 +95,9 @@ def _damage(value: bytes, r: random.Random) -> bytes:
 
 def produce_hostile(bootstrap: str, prefix: str, n: int, bad: float, seed: int) -> dict:
     """Build and send ``n`` messages, ``bad`` of them damaged; returns what was sent and what the decoder says of it."""
+    from faultlens import decode, schema
     from faultlens.config import BusConfig
     from faultlens.errors import SchemaError
-    from faultlens.stream import decode, schema
     from faultlens.stream.bus import Producer
 
     base = _base_records(seed)

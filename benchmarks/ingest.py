@@ -42,8 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from faultlens import decode, schema
 from faultlens.config import BusConfig, Config, LakeConfig
-from faultlens.stream import decode, schema, topics
+from faultlens.stream import topics
 from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.processor import CHECK_CRCS, StreamProcessor, lake_row_counts

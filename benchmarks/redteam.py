@@ -131,7 +131,7 @@ class _Site:
 
     def statuses(self, want: set[str], timeout_s: float = 60.0) -> dict[str, Any]:
         """Action statuses on action-status until every id in ``want`` has one (or the timeout)."""
-        from faultlens.stream import schema
+        from faultlens import schema
         from faultlens.stream.bus import Consumer
 
         got: dict[str, Any] = {}
@@ -146,7 +146,7 @@ class _Site:
 
 def _action(id_: str, *, type_: str = "restart_job", nodes: tuple[str, ...] = (), ts: float | None = None,
             job: str = "4242", reason: str = "redteam") -> Any:
-    from faultlens.stream import schema
+    from faultlens import schema
 
     return schema.Action(id=id_, incident_id="inc-rt", job=job, ts=time.time() if ts is None else ts, type=type_,
                          nodes=list(nodes), confidence=0.99, dry_run=False, reason=reason)
@@ -164,7 +164,7 @@ def _send(site: _Site, events: list[dict[str, Any]]) -> None:
 @attack("forged_actions")
 def forged_actions(scale: Scale) -> dict[str, int]:
     """Unsigned, wrongly signed, expired and future-dated actions (dry_run false) against a real runner."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.signing import Ed25519Key, Keyring
 
@@ -195,9 +195,9 @@ def agent_key_forges_action(scale: Scale) -> dict[str, int]:
     received, and sends evict_nodes for the fleet to a real `faultlens runner --execute`."""
     import orjson
 
+    from faultlens import schema
     from faultlens.config import KeysConfig
     from faultlens.errors import ConfigError
-    from faultlens.stream import schema
     from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.signing import (
         SIG_ATTR,
@@ -257,9 +257,9 @@ def injection(scale: Scale) -> dict[str, int]:
     """Hostile job/incident/action ids and reasons through the command, slurm and kubernetes templates."""
     import orjson
 
+    from faultlens import schema
     from faultlens.config import Config, RunnerConfig
     from faultlens.diagnosis.runner.runner import ActionRunner
-    from faultlens.stream import schema
     from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
     effects = hostile_argv = 0
@@ -308,7 +308,7 @@ def injection(scale: Scale) -> dict[str, int]:
 @attack("forged_log_lines")
 def forged_log_lines(scale: Scale) -> dict[str, int]:
     """Newlines in ids, jobs and reasons (signed and unsigned) must not write a line of their own."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.broker import EmbeddedBroker
 
     forged = "\n2026-11-27 10:00:00,000 WARNING faultlens.diagnosis.runner.runner: executing action act-FORGED " \
@@ -364,7 +364,7 @@ def secrets_in_logs(scale: Scale) -> dict[str, int]:
 @attack("hooks_run_twice")
 def hooks_run_twice(scale: Scale) -> dict[str, int]:
     """Restart the runner (default settings: its ledger on by default) and re-send the actions it ran."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.broker import EmbeddedBroker
 
     n = scale.n(20, minimum=3)
@@ -389,7 +389,7 @@ def hooks_run_twice(scale: Scale) -> dict[str, int]:
 @attack("runner_storm")
 def runner_storm(scale: Scale) -> dict[str, int]:
     """More actions than the runner's own caps allow: its rate cap and its fleet cap hold on their own."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.broker import EmbeddedBroker
 
     n, rate_cap, fleet_cap = scale.n(60, minimum=12), 5, 4
@@ -428,7 +428,7 @@ CAP_REASONS = ("confidence", "job_cap", "fleet_cap", "breaker", "storm", "guard_
 
 def _caps_job(name: str, nodes: int) -> tuple[Any, list[str]]:
     """A job of ``nodes`` 8-GPU machines: (its topology record, its node names)."""
-    from faultlens.stream.schema import JobTopology
+    from faultlens.schema import JobTopology
     from faultlens.stream.topology import Topology
 
     topo = Topology.packed(tp=8, pp=1, dp=nodes, gpus_per_node=8, job=name, node_fmt=f"{name}-n{{:02d}}")
@@ -437,7 +437,7 @@ def _caps_job(name: str, nodes: int) -> tuple[Any, list[str]]:
 
 
 def _caps_xid(node: str, ts: float) -> Any:
-    from faultlens.stream.schema import KernelEvent
+    from faultlens.schema import KernelEvent
 
     return KernelEvent(ts=ts, node=node, kind="xid", xid=79, gpu=3, raw=CAPS_XID79)
 
@@ -455,7 +455,7 @@ def _caps_engine(guard: Any, jobs: list[tuple[Any, list[str]]]) -> Any:
 def _caps_run(engine: Any, records: list[Any]) -> tuple[list[Any], list[Any]]:
     """The real engine over time-ordered records, ended as batch diagnosis ends: (actions, incidents)."""
     from faultlens.diagnosis.engine import run_records
-    from faultlens.stream.schema import Action
+    from faultlens.schema import Action
 
     out = run_records(engine, sorted(records, key=lambda r: r.ts))
     return [o for o in out if isinstance(o, Action)], engine.incidents()
@@ -503,9 +503,9 @@ def _online_fleet(jobs: int, xids: int, cap: int, instances: int) -> tuple[int, 
     (evictions past the fleet cap, evictions the instances decided)."""
     import dataclasses
 
+    from faultlens import schema
     from faultlens.config import BusConfig, Config, DiagnosisConfig, GuardConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream import schema
     from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
@@ -655,7 +655,7 @@ def attack_refused_marked_mitigated(scale: Scale) -> dict[str, int]:
 
 def _hang_records(nodes: list[str], job: str) -> list[Any]:
     """A job whose steps stop at 300 s while its GPUs stay busy: a hang, and no stacks to pin it."""
-    from faultlens.stream.schema import GpuSample, GpuState, StepTiming
+    from faultlens.schema import GpuSample, GpuState, StepTiming
 
     ranks = [(r, nodes[r // 8]) for r in range(8 * len(nodes))]
     recs: list[Any] = [StepTiming(ts=CAPS_T0 + s, job=job, rank=r, node=n, step=s, duration_s=1.0, loss=2.0)
@@ -797,7 +797,7 @@ def _stop_rc(proc: Any) -> int:
 
 def _xid_round(svc: _Services, job: str, node: str, extra: Any = None, timeout_s: float = 45) -> list[Any]:
     """A job's topology, then (after ``extra`` records) a real Xid 79 on ``node``: the actions for ``job``."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.topology import Topology
 
     topo = Topology.packed(tp=8, pp=1, dp=4, gpus_per_node=8, job=job, node_fmt=f"{job}-n{{:03d}}")
@@ -885,8 +885,8 @@ def _gpu_json(ts: float, node: str) -> bytes:
 def poison_timestamps(scale: Scale) -> dict[str, int]:
     """GPU samples stamped in ms and us, at 2100 and at 1970 (JSON and the agent's MessagePack) into
     the stream processor (twice: a restart) and into diagnosis, then a real Xid 79."""
+    from faultlens import decode, schema
     from faultlens.config import Config
-    from faultlens.stream import decode, schema
     from faultlens.stream.catalog import open_lake
 
     svc = _Services("timestamps")
@@ -1084,7 +1084,7 @@ def pickle_checkpoint(scale: Scale) -> dict[str, int]:
 def quoted_lake_path(scale: Scale) -> dict[str, int]:
     """A lake (and catalog) whose path holds ``'``, ``"`` and spaces: the processor writes it, the
     catalog's views, the explorer's connection and `faultlens report` read it."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.catalog import open_lake
 
     svc = _Services("quoted")

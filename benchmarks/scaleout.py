@@ -284,7 +284,7 @@ class ActionWatch:
         self.thread.start()
 
     def _run(self) -> None:
-        from faultlens.stream import schema
+        from faultlens import schema
 
         while not self._stop.is_set():
             for m in self.consumer.poll(50):
@@ -306,7 +306,7 @@ class ActionWatch:
 
 def live_feed(producer: Any, fl: Any, stop: threading.Event, rate_hz: float = 1.0) -> threading.Thread:
     """NVML samples of every node at ``rate_hz``, stamped with wall time."""
-    from faultlens.stream.schema import GpuSample
+    from faultlens.schema import GpuSample
 
     gpus = fl.records[0].gpus
 
@@ -333,8 +333,8 @@ def pct(values: list[float], q: float) -> float:
 def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[int],
                feed: str = "backlog") -> list[dict[str, Any]]:
     from faultlens.config import BusConfig
+    from faultlens.decode import encode_wire
     from faultlens.stream.bus import Producer, ensure_topics
-    from faultlens.stream.decode import encode_wire
     from faultlens.stream.topics import REPARTITION_PARTITIONS
     from tests import fleetgen
 
@@ -453,7 +453,7 @@ def throughput(broker: Any, base: Path, nodes: int, seconds: int, counts: list[i
 
 def _incidents(bus: Any) -> dict[str, int]:
     """The incidents on the bus, counted by kind and title (what a fleet without faults should not have)."""
-    from faultlens.stream import schema
+    from faultlens import schema
     from faultlens.stream.bus import Consumer
 
     seen: dict[str, str] = {}

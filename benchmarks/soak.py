@@ -144,8 +144,8 @@ class Services:
 
 
 def publish_topologies(config: Any, bootstrap: str, scenarios: list[Any]) -> None:
+    from faultlens.schema import JobTopology
     from faultlens.stream.bus import Producer
-    from faultlens.stream.schema import JobTopology
 
     with Producer(config.bus, bootstrap) as producer:
         for sc in scenarios:

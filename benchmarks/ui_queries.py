@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.stream import schema
+from faultlens import schema
 from faultlens.stream.catalog import rollup_schema
 from faultlens.stream.lake import LakeWriter, hour_path, write_parquet_atomic
 from faultlens.stream.topology import Topology

@@ -39,15 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlens import schema
 from faultlens.collectors.follow import RECORD_QUIET_S
+from faultlens.collectors.signatures import is_ordinary
 from faultlens.collectors.sources import Source, source_factory
 from faultlens.collectors.spool import Delivery, Entry, Spool
 from faultlens.config import Config
+from faultlens.decode import encode_wire, time_bounds
 from faultlens.errors import BusError
-from faultlens.signatures import is_ordinary
-from faultlens.stream import schema, topics
-from faultlens.stream.decode import encode_wire, time_bounds
-from faultlens.stream.schema import StackDump
+from faultlens.schema import StackDump
+from faultlens.stream import topics
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +463,7 @@ class Agent:
         for it in items:
             if isinstance(it, int):
                 ordinary += it
-            elif not self.ship_ordinary and is_ordinary(it):  # the one classifier decides (faultlens.signatures)
+            elif not self.ship_ordinary and is_ordinary(it):  # the one classifier decides (faultlens.collectors.signatures)
                 ordinary += it.raw.count("\n") + 1
             else:
                 out.append(it)

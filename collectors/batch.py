@@ -72,7 +72,7 @@ from typing import Any
 
 import orjson
 
-from faultlens import flightrec
+from faultlens import decode, flightrec, schema
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.unparsed import (
@@ -89,8 +89,7 @@ from faultlens.collectors.unparsed import (
     to_int,
 )
 from faultlens.errors import SchemaError
-from faultlens.stream import decode, schema
-from faultlens.stream.schema import (
+from faultlens.schema import (
     GpuSample,
     JobTopology,
     KernelEvent,
@@ -199,7 +198,7 @@ def _readable(path: Path, bad: _Bad) -> bool:
 
 
 def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None = None) -> list[Any]:
-    """A JSON-lines file through the one decoder (stream/decode.py), a line at a time.
+    """A JSON-lines file through the one decoder (faultlens/decode.py), a line at a time.
 
     Lines it refuses go to ``bad``; fields it nulled (N/A, a bad value) to ``quarantine``.
     """

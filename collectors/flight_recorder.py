@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from faultlens import flightrec
-from faultlens.stream.schema import StackDump
+from faultlens.schema import StackDump
 
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 PREFIX_ENV = b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE"

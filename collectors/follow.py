@@ -624,7 +624,7 @@ def boot_time() -> float | None:
 def kernel_log_source(agent: Any, options: dict[str, Any]) -> KernelLogSource:
     """The agent's ``kernel`` source (options: ``path`` overrides ``agent.kernel_follow``)."""
     from faultlens.collectors.kernel import KernelParser
-    from faultlens.stream.schema import KernelEvent
+    from faultlens.schema import KernelEvent
 
     return KernelLogSource(agent, options, "kernel", KernelParser(agent.node, boot_time=boot_time()), KernelEvent)
 
@@ -632,7 +632,7 @@ def kernel_log_source(agent: Any, options: dict[str, Any]) -> KernelLogSource:
 def nccl_log_source(agent: Any, options: dict[str, Any]) -> LogSource:
     """The agent's ``nccl`` source (options: ``glob`` overrides ``agent.nccl_glob``)."""
     from faultlens.collectors.nccl import NcclParser
-    from faultlens.stream.schema import NcclEvent
+    from faultlens.schema import NcclEvent
 
     opts = {"glob": agent.config.agent.nccl_glob, **options}
     return LogSource(agent, opts, "nccl", NcclParser(agent.node, job=agent.job), NcclEvent)

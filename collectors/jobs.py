@@ -63,8 +63,8 @@ class JobFileSource(SourceBase):
             self.publish()
 
     def publish(self) -> None:
+        from faultlens import schema
         from faultlens.collectors.batch import read_job
-        from faultlens.stream import schema
 
         try:
             topo = read_job(Path(self.path))

@@ -5,7 +5,7 @@ continuation line (a call trace frame, the rest of a multi-line NVRM message)
 belongs to the record above it, so a record is emitted when the next record
 starts (or on ``flush``). Launcher prefixes such as ``[default7]:`` or
 ``[rank0]:`` are stripped and kept as the rank. What a record *is* comes from
-the [[kind]] entries of faultlens/catalogs/kernel.toml; what it *means* is faultlens.signatures.
+the [[kind]] entries of collectors/catalogs/kernel.toml; what it *means* is faultlens.collectors.signatures.
 
 The parser is pure text -> records; followers (collectors.follow) deliver lines.
 """
@@ -63,7 +63,7 @@ from faultlens.collectors.patterns import (
     load_kind_table,
 )
 from faultlens.collectors.unparsed import to_int
-from faultlens.stream.schema import KernelEvent
+from faultlens.schema import KernelEvent
 
 MAX_RECORD_LINES = 256
 MAX_UPTIME_S = 1e10  # ~300 years: a larger seconds-since-boot stamp is a mangled one

@@ -6,7 +6,7 @@ possibly ``[rankN]:``-prefixed) becomes one record whose ``exception`` is the fi
 ``Type: message``; C++ ``terminate called ...`` / ``frame #N`` blocks are one record.
 Rank and host come from the launcher prefix, NCCL's ``host:pid:tid [dev]`` prefix and
 ``[Rank N]`` in torch messages. What a record is comes from
-the [[kind]] entries of faultlens/catalogs/nccl.toml; what it means is faultlens.signatures.
+the [[kind]] entries of collectors/catalogs/nccl.toml; what it means is faultlens.collectors.signatures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from faultlens.collectors.container_logs import unwrap_container
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.collectors.unparsed import to_int
-from faultlens.stream.schema import NcclEvent
+from faultlens.schema import NcclEvent
 
 LAUNCHER_RE = re.compile(r"^(?:\[\d+\]\s+)?(?:\[(?:default|rank)(\d+)\]:|\[1,(\d+)\]<std(?:out|err)>:)\s?")
 SRUN_LABEL_RE = re.compile(r"^\s{0,5}(\d{1,6}): (?=\S)")

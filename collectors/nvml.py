@@ -23,7 +23,7 @@ from typing import Any
 from faultlens.collectors.nvml_backend import NvmlEvent
 from faultlens.collectors.sources import register_source
 from faultlens.errors import FaultlensError, NoData, SourceError
-from faultlens.stream.schema import GpuState
+from faultlens.schema import GpuState
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +397,7 @@ class NvmlSource:
             self._sample()
 
     def _sample(self) -> None:
-        from faultlens.stream.schema import GpuSample
+        from faultlens.schema import GpuSample
 
         agent = self.agent
         try:
@@ -431,7 +431,7 @@ class NvmlSource:
     def on_event(self, ev: NvmlEvent) -> None:
         """An NVML event becomes a kernel record (as the driver's own line would) and a prompt sample."""
         from faultlens.collectors.kernel import normalize_pci
-        from faultlens.stream.schema import KernelEvent
+        from faultlens.schema import KernelEvent
 
         pci = normalize_pci(ev.pci_bus) if ev.pci_bus else None
         if ev.kind == "xid":

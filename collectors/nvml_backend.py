@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from faultlens.stream.schema import GpuState
+from faultlens.schema import GpuState
 
 
 @dataclass(frozen=True, slots=True)

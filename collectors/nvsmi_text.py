@@ -3,7 +3,7 @@
 ``nvidia-smi -q`` nests sections by indentation (``Remapped Rows`` / ``Pending : Yes``);
 a value means something only with its section, so each ``Key : Value`` line becomes
 ``Section/Sub/Key: Value``. Table rows (``| ... |``) and other lines stay as printed.
-Pure text in, text out: classification is faultlens.signatures (catalogs/nvsmi.toml).
+Pure text in, text out: classification is faultlens.collectors.signatures (catalogs/nvsmi.toml).
 """
 
 from __future__ import annotations

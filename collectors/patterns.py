@@ -1,4 +1,4 @@
-"""Loading parse-pattern tables (the ``[[kind]]`` part of faultlens/catalogs/kernel.toml,
+"""Loading parse-pattern tables (the ``[[kind]]`` part of collectors/catalogs/kernel.toml,
 nccl.toml) and the cheap prefilter.
 
 A table is an ordered list of ``[[kind]]`` entries: ``name``, ``any`` (substrings,
@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from faultlens.errors import CatalogError
-from faultlens.signatures import (  # noqa: F401  (one catalog folder, one bad-byte test, one match limit)
+from faultlens.collectors.signatures import (  # noqa: F401  (one catalog folder, one bad-byte test, one match limit)
     BAD_INPUT_RE,
     CATALOGS,
     MATCH_LIMIT,
     bounded,
 )
+from faultlens.errors import CatalogError
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class KindTable:
     """An ordered pattern table with its one-scan prefilter.
 
     ``ordinary_kinds``: kinds that are everyday noise (the agent counts them instead of
-    shipping them unless the classifier finds something in them: ``faultlens.signatures.is_ordinary``);
+    shipping them unless the classifier finds something in them: ``faultlens.collectors.signatures.is_ordinary``);
     ``noteworthy_any``: lower-case substrings one of which every line the family's kind-``other``
     rules match contains (error words), for the ordinary-line fast path (``hot_regex``).
     """

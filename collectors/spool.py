@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.errors import BusError
-from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.stream.dedupe import (
     SEQ_HEADER,  # b"<epoch>:<seq>:<node>": the lake de-duplicates on it
 )

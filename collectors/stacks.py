@@ -24,7 +24,7 @@ import orjson
 
 from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
-from faultlens.stream.schema import StackDump
+from faultlens.schema import StackDump
 from faultlens.stream.signing import Keyring, Unverified, verifier_warning
 
 log = logging.getLogger(__name__)
@@ -214,8 +214,8 @@ class StacksSource:
 
     def on_command(self, value: bytes) -> None:
         """Answer one ``commands`` message if it asks this node for stacks (once per command id)."""
+        from faultlens import schema
         from faultlens.errors import SchemaError
-        from faultlens.stream import schema
 
         agent = self.agent
         refused = command_refusal(self.keyring, value)
@@ -247,7 +247,8 @@ class StacksSource:
 
     def _dead_letter(self, value: bytes, refused: Unverified) -> None:
         """A command that does not verify: not carried out, kept on the deadletter topic, counted."""
-        from faultlens.stream import schema, topics
+        from faultlens import schema
+        from faultlens.stream import topics
 
         agent = self.agent
         topic = topics.topic("commands", agent.config.bus.topic_prefix)

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - depends on the training environment
         return _json.dumps(obj, separators=(",", ":")).encode()
 
 
-SCHEMA_VERSION = 1  # stream.schema.SCHEMA_VERSION; not imported to stay import-light
+SCHEMA_VERSION = 1  # faultlens.schema.SCHEMA_VERSION; not imported to stay import-light
 
 
 class StepReporter:
@@ -330,8 +330,9 @@ class StepsSource(FollowedSource):
     def feed(self, lines: list[str], now: float) -> int:
         import orjson
 
+        from faultlens import schema
         from faultlens.errors import SchemaError
-        from faultlens.stream import schema, topics
+        from faultlens.stream import topics
 
         agent = self.agent
         records: list[Any] = []
@@ -366,7 +367,7 @@ class StepsSource(FollowedSource):
         return len(records)
 
     def _from_log(self, f: dict[str, Any]) -> Any:
-        from faultlens.stream.schema import StepTiming
+        from faultlens.schema import StepTiming
 
         dur = step_fields_duration(f)
         step = f.get("iteration", f.get("step", f.get("global_step")))

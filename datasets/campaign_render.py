@@ -37,7 +37,7 @@ from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
-from faultlens.stream.schema import Action, Command, Incident, StackDump
+from faultlens.schema import Action, Command, Incident, StackDump
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType
 
@@ -168,7 +168,7 @@ def replan_on_job(action: Action, slice_topology: Any, job_dp: int, config: Conf
     """
     from faultlens.diagnosis.adaptation import shape_from_finding, speeds_from_finding
     from faultlens.models.planner import AdaptationPlanner
-    from faultlens.stream.schema import Finding
+    from faultlens.schema import Finding
     from faultlens.stream.topology import Topology
 
     ev = next((e for e in action.evidence if (e.get("figures") or {}).get("slowdown") is not None
@@ -196,7 +196,7 @@ class Rendered(NamedTuple):
 
     decision: Decision
     records: list[Any]
-    job: Any  # stream.schema.JobTopology of the slice
+    job: Any  # faultlens.schema.JobTopology of the slice
     truth: dict[str, Any]
 
 
@@ -245,9 +245,9 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
     engine's dump_stacks command, as an agent would. Returns the bus decision (``path="bus"``)."""
     from dataclasses import replace
 
+    from faultlens import schema
     from faultlens.config import BusConfig, DiagnosisConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream import schema
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
     batch = rendered.decision

@@ -29,8 +29,8 @@ from faultlens.config import Config
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.nvml_sim import SimClock, SimulatedNvml
 from faultlens.datasets.scenario import FaultSpec, LiveWriter, Scenario, ScenarioSpec
+from faultlens.schema import JobTopology, StackDump
 from faultlens.stream.bus import Producer
-from faultlens.stream.schema import JobTopology, StackDump
 
 log = logging.getLogger(__name__)
 

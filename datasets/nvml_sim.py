@@ -15,7 +15,7 @@ from collections.abc import Callable
 from faultlens.collectors.nvml_backend import NvmlBackend, NvmlEvent
 from faultlens.datasets.scenario import Scenario
 from faultlens.errors import NoData
-from faultlens.stream.schema import GpuState
+from faultlens.schema import GpuState
 
 
 class SimClock:

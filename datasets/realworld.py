@@ -3,7 +3,7 @@
 Each entry is one real log line or block (kernel, NCCL/torch.distributed, nvidia-smi -q)
 with the verdict an expert operator would want from ``faultlens explain``. Scoring runs
 every entry through the same function ``faultlens explain --json`` uses
-(``faultlens.explain.explain_lines``, format auto-detected) and takes the most
+(``faultlens.diagnosis.explain.explain_lines``, format auto-detected) and takes the most
 significant classification of the block as faultlens's verdict. The corpus is what the
 classifier is measured against, so the labels never follow the implementation; see
 datasets/conformance/README.md for how they were chosen.
@@ -80,7 +80,7 @@ def load(directory: Path | str | None = None) -> list[dict]:
 def verdict(text: str) -> Verdict:
     """faultlens's verdict on one line or block: the most significant line of ``explain``."""
     from faultlens.diagnosis.classify import most_significant
-    from faultlens.explain import explain_lines
+    from faultlens.diagnosis.explain import explain_lines
 
     lines = text.split("\n")
     got = [e.c for e in explain_lines(lines) if e.c.rule != "empty"]

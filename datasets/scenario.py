@@ -38,7 +38,7 @@ from faultlens.datasets.effects import Effects, FaultContext
 from faultlens.datasets.faults import fault_class
 from faultlens.datasets.steptime import CostModel, iteration_times
 from faultlens.datasets.workload import WorkloadSpec, pack
-from faultlens.stream.schema import GpuState
+from faultlens.schema import GpuState
 
 DEFAULT_START_TS = 1763700000.0  # 2025-11-21T04:40:00Z
 

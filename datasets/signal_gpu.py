@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from faultlens.stream.schema import SCHEMA_VERSION, GpuState, field_names
+from faultlens.schema import SCHEMA_VERSION, GpuState, field_names
 
 FIELDS = list(field_names(GpuState))
 FLOAT_FIELDS = {"util", "mem_util", "mem_used_mb", "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz"}

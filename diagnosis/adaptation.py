@@ -36,7 +36,7 @@ from typing import Any
 from faultlens.config import AdaptationConfig, Config
 from faultlens.models.costmodel import JobShape
 from faultlens.models.planner import AdaptationPlanner, Plan
-from faultlens.stream.schema import Action, Finding
+from faultlens.schema import Action, Finding
 from faultlens.stream.topology import Topology
 
 NOMINAL_TOKENS_PER_MICROBATCH = 8192  # used only when the finding carries no token count

@@ -16,7 +16,7 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine, run_records
 from faultlens.diagnosis.modes import BATCH
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.stream.schema import Action, Command, Incident, JobTopology, StackDump
+from faultlens.schema import Action, Command, Incident, JobTopology, StackDump
 
 
 def diagnose_records(job: JobTopology | dict[str, Any] | None, records: Iterable[Any], config: Config, *,

@@ -1,11 +1,11 @@
 """What a parsed log record means: the one classifier, re-exported for diagnosis.
 
-The signature catalogs and the classifier live in ``faultlens.signatures`` (root
+The signature catalogs and the classifier live in ``faultlens.collectors.signatures`` (root
 package) so that the node agent's ship filter, which may not import diagnosis,
 reads the very same entries and code as explain, the batch path and the engine.
 """
 
-from faultlens.signatures import (  # noqa: F401
+from faultlens.collectors.signatures import (  # noqa: F401
     BAD_INPUT_RE,
     CATALOGS,
     CATEGORIES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from faultlens.stream.schema import Finding
+from faultlens.schema import Finding
 from faultlens.stream.topology import Topology
 
 

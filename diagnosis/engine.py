@@ -29,6 +29,7 @@ import msgspec
 
 from faultlens import flightrec
 from faultlens.config import Config
+from faultlens.decode import GpuColumns
 from faultlens.diagnosis import hangroot
 from faultlens.diagnosis.detectors import (
     Detector,
@@ -65,8 +66,7 @@ from faultlens.diagnosis.replay import run_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.diagnosis.stacks import StackAggregator, StackVerdict
 from faultlens.records import LastKnown
-from faultlens.stream.decode import GpuColumns
-from faultlens.stream.schema import (
+from faultlens.schema import (
     Action,
     ActionStatus,
     Command,
@@ -852,7 +852,7 @@ _JOBWIDE_HOLD = "jobwide_hold"  # IncidentState.pending while a node's incident 
 def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
     """The signature catalog has an entry for this line and it says there is nothing to act on (explain's
     info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""
-    from faultlens.signatures import classify
+    from faultlens.collectors.signatures import classify
 
     c = classify(record)  # stateless: a repeat that escalates already gave a finding
     return c.rule is not None and (c.benign or c.category == "none")

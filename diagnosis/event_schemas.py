@@ -1,7 +1,7 @@
 """The shipped JSON Schemas of the incident and action CloudEvents.
 
 ``diagnosis/schemas/incident.schema.json`` and ``action.schema.json`` describe
-the envelope that ``faultlens.stream.schema.cloudevent()`` produces, with the
+the envelope that ``faultlens.schema.cloudevent()`` produces, with the
 Incident / Action record as ``data``. Outside consumers validate against the
 files; inside faultlens the runner validates every action before touching a
 machine. A schema is loaded and compiled once per ``EventValidator``.

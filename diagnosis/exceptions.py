@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from faultlens.stream.schema import NcclEvent
+from faultlens.schema import NcclEvent
 
 # Exceptions that say the infrastructure failed, not the user's code: never rolled back.
 INFRA_EXCEPTION_RE = re.compile(

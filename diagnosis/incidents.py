@@ -17,7 +17,7 @@ from typing import Any
 
 from faultlens.diagnosis.bursts import Burst, BurstGrouper
 from faultlens.diagnosis.inhibit import Cause, Inhibitor
-from faultlens.stream.schema import Incident
+from faultlens.schema import Incident
 from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE, LineAction
 
 KIND_CATEGORY = INCIDENT_CATEGORY

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from faultlens.diagnosis.incidents import OpenIncident
-from faultlens.stream.schema import Command, StackDump
+from faultlens.schema import Command, StackDump
 
 
 def output_id(prefix: str, *parts: Any) -> str:

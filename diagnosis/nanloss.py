@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.stream.schema import StepTiming
+from faultlens.schema import StepTiming
 
 DIVERGE_FACTOR = 10.0  # a loss/grad norm this many times the rank's running level has diverged
 WARMUP_STEPS = 5

@@ -25,7 +25,7 @@ from faultlens.diagnosis.incidents import OpenIncident, Signal
 from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.errors import CatalogError
-from faultlens.stream.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
+from faultlens.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
 from faultlens.vocabulary import ActionType, LineAction, Severity
 
 # A route's action: an action type, "stacks" (the hang workflow), "none", or "signature": the action
@@ -185,7 +185,7 @@ class SignalMatcher:
                 continue
             if rule.pattern is not None and not rule.pattern.search(record.raw):
                 continue
-            # finding_kind on a log record: the classifier's verdict (faultlens.signatures), the same
+            # finding_kind on a log record: the classifier's verdict (faultlens.collectors.signatures), the same
             # one explain and the agent's ship filter use, instead of a second reading of the text
             if rule.finding_kind and (finding is None or finding.kind not in rule.finding_kind):
                 continue

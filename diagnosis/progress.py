@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.stream.schema import GpuSample, StackDump, StepTiming
+from faultlens.schema import GpuSample, StackDump, StepTiming
 
 BUSY_UTIL = 30.0  # a GPU this busy after the last step is spinning (NCCL kernels wait busily)
 IDLE_UTIL = 10.0

@@ -16,7 +16,7 @@ from faultlens.config import Config
 from faultlens.diagnosis.incidents import OpenIncident
 from faultlens.diagnosis.nanloss import NanWatch
 from faultlens.diagnosis.policy import Decision, Hold, Policy
-from faultlens.stream.schema import Finding
+from faultlens.schema import Finding
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType, FaultKind, IncidentKind, LineAction
 

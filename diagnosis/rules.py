@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from faultlens.errors import CatalogError
-from faultlens.stream.schema import Finding, GpuSample, GpuState
+from faultlens.schema import Finding, GpuSample, GpuState
 from faultlens.vocabulary import Category, LineAction, Severity, values
 
 CATALOGS = Path(__file__).resolve().parent / "catalogs"
@@ -110,7 +110,7 @@ class _SteadyRun:
 
     key: tuple[Any, ...]  # the counters' bytes of the run's samples (CounterRules._key)
     ts: deque  # the rate windows' times, the last one the newest sample's
-    last: Any  # the newest sample (stream.decode.GpuColumns): each GPU's ``last`` when the run ends
+    last: Any  # the newest sample (faultlens.decode.GpuColumns): each GPU's ``last`` when the run ends
     samples: int = 0  # samples taken into the run since it began
 
 
@@ -136,7 +136,7 @@ class CounterRules:
     goes through the ``rate`` rules (whose time windows see every sample). Peer
     clocks are only gathered when throttle bits are set.
 
-    Online, GPU samples come columnar (stream.decode.GpuColumns) and most of them repeat their node's
+    Online, GPU samples come columnar (faultlens.decode.GpuColumns) and most of them repeat their node's
     previous counters byte for byte: ``steady`` takes such a sample with one comparison of bytes and one
     time appended for the whole node (a ``_SteadyRun``), and builds no GpuState; the first sample that
     differs ends the run (``end_run``) and goes through ``observe`` as before. The findings are the ones
@@ -175,7 +175,7 @@ class CounterRules:
         spans = self._spans.get(layout)
         data = columns.data
         if spans is None:
-            from faultlens.stream.decode import _column_spans
+            from faultlens.decode import _column_spans
 
             where = _column_spans(columns.cols, columns.n)
             merged: list[list[int]] = []
@@ -193,7 +193,7 @@ class CounterRules:
         return columns.cols, b"".join([data[a:b] for a, b in spans])
 
     def steady(self, columns: Any) -> bool:
-        """True: ``columns`` (stream.decode.GpuColumns) repeats the counters of its node's steady run and
+        """True: ``columns`` (faultlens.decode.GpuColumns) repeats the counters of its node's steady run and
         is taken into it (no rule can fire on it, and none did). False: ``observe(columns.record())``
         must read it (no run, a counter or the GPU set changed, or time went back)."""
         run = self._runs.get(columns.node)

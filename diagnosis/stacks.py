@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from faultlens.diagnosis.topology import Demarcation, smallest_group
-from faultlens.stream.schema import StackDump
+from faultlens.schema import StackDump
 from faultlens.stream.topology import Topology
 
 # --------------------------------------------------------------------------- parsing

@@ -40,7 +40,7 @@ import orjson
 
 from faultlens.config import DiagnosisConfig
 from faultlens.errors import ConfigError
-from faultlens.stream.schema import Incident
+from faultlens.schema import Incident
 
 log = logging.getLogger(__name__)
 

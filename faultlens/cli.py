@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides=args.overrides, flags={"bus.bootstrap_servers": args.bootstrap_servers})
         logsafe.register_secrets(config.secrets())
-        from faultlens.stream.decode import TimeBounds, set_time_bounds
+        from faultlens.decode import TimeBounds, set_time_bounds
 
         set_time_bounds(TimeBounds.from_config(config))  # every decoder of this process: [time] bounds
         return int(module.run(args, config) or 0)

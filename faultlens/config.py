@@ -233,7 +233,7 @@ class AdaptationConfig:
 
 @dataclass(frozen=True)
 class TimeConfig:
-    """What a record's time may be (stream/decode.py refuses the rest) and how far a job's clock may lead.
+    """What a record's time may be (faultlens/decode.py refuses the rest) and how far a job's clock may lead.
 
     A stamp in milliseconds or microseconds, a clock set to 2100 or left at 1970 is a damaged
     record, not a time: it is dead-lettered with its reason, never stored or judged on.

@@ -1,8 +1,8 @@
 """Typed records of every faultlens topic: the import point for code outside stream/.
 
-The records are declared once, in stream/schema.py (DESIGN.md: "schemas live in
+The records are declared once, in faultlens/schema.py (DESIGN.md: "schemas live in
 one module of stream/"), as frozen msgspec Structs, and produced by the one
-decoder, stream/decode.py (tolerant by field, strict by identity). This module
+decoder, faultlens/decode.py (tolerant by field, strict by identity). This module
 declares nothing of its own; it re-exports them so that diagnosis, models, the
 explorer and the CLI say ``from faultlens.records import GpuSample`` without
 reaching into the transport package, and it holds the one helper every
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from faultlens.stream.schema import (
+from faultlens.schema import (
     RECORDS,
     SCHEMA_VERSION,
     Action,
@@ -66,7 +66,7 @@ class LastKnown:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], GpuState] = {}
-        # node -> its newest sample taken columnar (stream.decode.GpuColumns, no null in it): its GPUs are
+        # node -> its newest sample taken columnar (faultlens.decode.GpuColumns, no null in it): its GPUs are
         # the last known ones, made GpuStates only when a later sample of the node is filled
         self._pending: dict[str, Any] = {}
 

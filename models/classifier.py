@@ -36,7 +36,7 @@ from faultlens.errors import CatalogError, FeatureMismatch, ModelError, NotFitte
 from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
 from faultlens.models.params import load_params
 from faultlens.models.predictor import _columns
-from faultlens.stream.schema import Finding
+from faultlens.schema import Finding
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import FAULT_CATEGORY, Category, FaultKind, LineAction, Severity
 

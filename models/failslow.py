@@ -30,7 +30,7 @@ import numpy as np
 
 from faultlens.models.params import load_params
 from faultlens.models.predictor import JobStepPredictor, StepResiduals, huber_fit
-from faultlens.stream.schema import Finding, StepTiming
+from faultlens.schema import Finding, StepTiming
 from faultlens.stream.topology import DIMS, Topology
 
 

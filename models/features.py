@@ -56,7 +56,7 @@ import numpy as np
 from faultlens.errors import CatalogError
 from faultlens.models.peer import _ABS_FLOOR, robust_z
 from faultlens.models.predictor import JobStepPredictor
-from faultlens.stream.schema import GpuSample, KernelEvent, NcclEvent, StepTiming
+from faultlens.schema import GpuSample, KernelEvent, NcclEvent, StepTiming
 from faultlens.stream.topology import Topology
 
 FEATURE_SET_VERSION = 4

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from faultlens.models.params import load_params
-from faultlens.stream.schema import Finding, GpuSample
+from faultlens.schema import Finding, GpuSample
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import Category
 

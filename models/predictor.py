@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from faultlens.errors import FeatureMismatch, ModelError, NotFittedError
-from faultlens.stream.schema import StepTiming
+from faultlens.schema import StepTiming
 from faultlens.stream.topology import Topology
 
 PREDICTOR_VERSION = 1

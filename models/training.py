@@ -29,7 +29,7 @@ import numpy as np
 from faultlens.errors import LakeError
 from faultlens.models.classifier import HEALTHY, window_label
 from faultlens.models.features import FEATURES, WindowFeatures
-from faultlens.stream.schema import StepTiming
+from faultlens.schema import StepTiming
 from faultlens.stream.topology import Topology
 
 
@@ -158,7 +158,7 @@ def lake_rows(lake: Path, *, window_s: float) -> Any:
     """Rows around every labelled incident in the lake."""
     import duckdb
 
-    from faultlens.stream import schema
+    from faultlens import schema
 
     def table(name: str) -> str:
         files = list((lake / name).glob("**/*.parquet"))

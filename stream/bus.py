@@ -3,7 +3,7 @@
 They know the topic of each record kind, the key of each kind (node or job),
 batching and compression, and TLS/SASL settings; kafka errors are translated
 into ``BusError`` with the topic named. Records are encoded by
-``stream.schema``; nothing else in faultlens builds Kafka clients by hand.
+``faultlens.schema``; nothing else in faultlens builds Kafka clients by hand.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from faultlens import schema
 from faultlens.config import BusConfig
+from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.errors import BusError
-from faultlens.stream import schema, topics
+from faultlens.stream import topics
 from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
-from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.stream.signing import Keyring
 
 log = logging.getLogger(__name__)

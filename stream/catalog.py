@@ -30,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from faultlens import schema
 from faultlens.errors import LakeError
-from faultlens.stream import schema
 from faultlens.stream.lake import MANIFEST_DIR, table_name, write_parquet_atomic
 
 MANIFEST_SCHEMA = pa.schema(

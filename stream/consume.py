@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlens import schema
 from faultlens.errors import BusError
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Message, Producer
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Batches of bus messages -> lake Arrow tables, through the one decoder (stream/decode.py).
+"""Batches of bus messages -> lake Arrow tables, through the one decoder (faultlens/decode.py).
 
 The stream processor hands one topic partition's batch here. Records come from
 ``decode`` (or, for a whole batch at once, from the same typed msgspec decoders
@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from faultlens import decode as dec
+from faultlens import schema
 from faultlens.errors import SchemaError
-from faultlens.stream import decode as dec
-from faultlens.stream import schema
 from faultlens.stream.lake import table_name
 
 DEADLETTER_PAYLOAD_MAX = 64 * 1024  # bytes of a message kept in the lake (dead letter, quarantine)

@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from faultlens import schema
 from faultlens.errors import LakeError
-from faultlens.stream import schema
 
 MANIFEST_DIR = "_manifest"
 PARQUET_COMPRESSION = "zstd"
@@ -120,7 +120,7 @@ class LakeWriter:
         self.root = Path(lake_path)
 
     def write(self, kind: str, records: Iterable[Any]) -> list[Path]:
-        """Records of ``kind`` (stream.schema dataclasses) -> new lake files."""
+        """Records of ``kind`` (faultlens.schema dataclasses) -> new lake files."""
         rows: list[dict[str, Any]] = []
         for record in records:
             if type(record).KIND != kind:

@@ -69,10 +69,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from faultlens import schema
 from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
-from faultlens.stream import decode_arrow, schema, topics
+from faultlens.stream import decode_arrow, topics
 from faultlens.stream.dedupe import SeqLedger, parse_seq
 from faultlens.stream.fetch import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.lake import LakeWriter
@@ -139,7 +140,7 @@ PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<firs
 
 
 # --------------------------------------------------------------------------- decoding
-# One decoder (stream/decode.py); stream/decode_arrow.py lays its records out as Arrow.
+# One decoder (faultlens/decode.py); stream/decode_arrow.py lays its records out as Arrow.
 decode_batch = decode_arrow.decode_batch
 Decoded = decode_arrow.Decoded
 

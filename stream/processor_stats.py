@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from faultlens.stream import schema
+from faultlens import schema
 
 
 class ProcessorStats:

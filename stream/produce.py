@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from faultlens import schema
 from faultlens.config import BusConfig
+from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.errors import BusError, ConfigError
-from faultlens.stream import schema, topics
+from faultlens.stream import topics
 from faultlens.stream.bus import Producer, client_kwargs, is_embedded
-from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.stream.fetch import confluent_security
 from faultlens.stream.signing import Keyring
 

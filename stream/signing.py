@@ -64,7 +64,7 @@ from cryptography.hazmat.primitives.serialization import (
 from faultlens.config import KeysConfig
 from faultlens.errors import ConfigError, FaultlensError
 from faultlens.logsafe import register_secret
-from faultlens.stream.schema import CLOUDEVENT_TYPES
+from faultlens.schema import CLOUDEVENT_TYPES
 
 KEYID_ATTR = "faultlenskeyid"
 SIGALG_ATTR = "faultlenssigalg"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DEFAULT_PREFIX = "faultlens"
 
-# kind -> topic name suffix (the kinds are the record kinds of stream.schema)
+# kind -> topic name suffix (the kinds are the record kinds of faultlens.schema)
 NAMES = (
     "gpu",
     "kernel",

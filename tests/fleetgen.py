@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.stream.schema import GpuSample, GpuState, JobTopology, KernelEvent, StepTiming
+from faultlens.schema import GpuSample, GpuState, JobTopology, KernelEvent, StepTiming
 from faultlens.stream.topology import Topology
 
 T0 = 1_700_000_000.0

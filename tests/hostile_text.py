@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from faultlens.stream.schema import GpuSample, GpuState, Incident, KernelEvent
+from faultlens.schema import GpuSample, GpuState, Incident, KernelEvent
 from faultlens.ui.text import one_line
 from tests.ui_scenario import FAULT_TS, JOB, build_lake, write_records
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.stream.schema import GpuSample, GpuState, KernelEvent, NcclEvent, StepTiming
+from faultlens.schema import GpuSample, GpuState, KernelEvent, NcclEvent, StepTiming
 from faultlens.stream.topology import Topology
 
 KINDS = ("healthy", "gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error", "ib_link_persistent",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultlens.stream.schema import GpuSample, GpuState, StepTiming
+from faultlens.schema import GpuSample, GpuState, StepTiming
 from faultlens.stream.topology import Topology
 
 COEF = (0.35, 2.0e-5, 2.2e-9, 0.0005)  # a [s], b [s/token], c [s/token^2], d [s/seq]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.collectors.follow import FileFollower, KmsgReader
 from faultlens.collectors.kernel import KernelParser
 from faultlens.config import AgentConfig, BusConfig, Config
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, ensure_topics
 
 FAMILIES = (Path(__file__).parent / "fixtures" / "kernel" / "families" / "input.log").read_text().splitlines()

@@ -147,7 +147,7 @@ def test_feed_many_equals_feed(source: str, seed: int) -> None:
 def test_noteworthy_words_cover_the_rules_for_other() -> None:
     """Every line a kind-`other` rule files as an error holds one of the fast path's words,
     so the agent never settles such a line as ordinary without classifying it."""
-    from faultlens.stream.schema import KernelEvent, NcclEvent
+    from faultlens.schema import KernelEvent, NcclEvent
 
     cats = catalogs()
     texts = ("I/O Error here", "task failed", "page fault", "timed out", "Time out", "kernel BUG", "Call Trace:",
@@ -184,9 +184,9 @@ def test_agent_counts_ordinary_lines_and_ships_the_rest(bus, tmp_path: Path) -> 
     import time
     import urllib.request
 
+    from faultlens import schema
     from faultlens.collectors.agent import Agent
     from faultlens.config import AgentConfig, Config
-    from faultlens.stream import schema
     from faultlens.stream.broker import free_port
     from faultlens.stream.bus import Consumer, ensure_topics
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.config import AgentConfig, BusConfig, Config
-from faultlens.stream import schema
 
 JOB_FILE = Path(__file__).parent / "fixtures" / "jobs" / "job.json"
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.collectors.nvml import PynvmlBackend
 from faultlens.collectors.nvml_backend import NvmlBackend
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.errors import NoData
-from faultlens.stream import schema
+from faultlens.schema import Command, StackDump
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from faultlens.stream.schema import Command, StackDump
 from tests.runner_standins import keys_config, signing_keyring
 
 

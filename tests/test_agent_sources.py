@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.collectors.sources import (
     Source,
@@ -19,9 +20,8 @@ from faultlens.collectors.sources import (
 )
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.errors import ConfigError
-from faultlens.stream import schema
+from faultlens.schema import KernelEvent
 from faultlens.stream.bus import Consumer, ensure_topics
-from faultlens.stream.schema import KernelEvent
 
 
 class _Heartbeat(SourceBase):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.collectors.spool import Delivery, Spool
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.errors import BusError
-from faultlens.stream import schema
 from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Consumer
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO
 
 # Folders of shipped data, and the files in them that are documentation, not data.
-DATA_DIRS = ("faultlens/catalogs", "diagnosis/catalogs", "diagnosis/schemas", "models/catalogs", "models/shipped")
+DATA_DIRS = ("collectors/catalogs", "diagnosis/catalogs", "diagnosis/schemas", "models/catalogs", "models/shipped")
 NOT_DATA = {"models/shipped/MODEL_CARD.md"}
 
 
@@ -34,7 +34,7 @@ def _nccl_kinds() -> Any:
 
 
 def _classify_catalogs() -> Any:
-    from faultlens.signatures import all_rules, load_catalogs
+    from faultlens.collectors.signatures import all_rules, load_catalogs
 
     cats = load_catalogs()
     assert all_rules(cats), "the signature catalogs loaded no rule"
@@ -106,11 +106,11 @@ def _shipped_model() -> Any:
 
 # shipped file -> the production loader that reads it (files read together share one loader)
 LOADERS: dict[str, Callable[[], Any]] = {
-    "faultlens/catalogs/kernel.toml": _kernel_kinds,
-    "faultlens/catalogs/nccl.toml": _nccl_kinds,
-    "faultlens/catalogs/xid.toml": _classify_catalogs,
-    "faultlens/catalogs/sxid.toml": _classify_catalogs,
-    "faultlens/catalogs/nvsmi.toml": _classify_catalogs,
+    "collectors/catalogs/kernel.toml": _kernel_kinds,
+    "collectors/catalogs/nccl.toml": _nccl_kinds,
+    "collectors/catalogs/xid.toml": _classify_catalogs,
+    "collectors/catalogs/sxid.toml": _classify_catalogs,
+    "collectors/catalogs/nvsmi.toml": _classify_catalogs,
     "diagnosis/catalogs/counters.toml": _counters,
     "diagnosis/catalogs/inhibit.toml": _inhibit,
     "diagnosis/catalogs/policy.toml": _policy,

@@ -16,6 +16,7 @@ import pytest
 
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
+from faultlens.collectors.signatures import CATALOGS
 from faultlens.diagnosis.classify import (
     CATEGORIES,
     LINE_ACTIONS,
@@ -26,7 +27,6 @@ from faultlens.diagnosis.classify import (
     to_finding,
 )
 from faultlens.errors import CatalogError
-from faultlens.signatures import CATALOGS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CAT = {"unused": "unknown", "user_application": "user_software", "driver": "driver", "memory": "gpu_memory",

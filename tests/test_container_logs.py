@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from faultlens.collectors.nccl import NcclParser
-from faultlens.explain import explain_lines
+from faultlens.diagnosis.explain import explain_lines
 
 LOG = Path(__file__).parent / "fixtures" / "nccl_container" / "docker_and_cri.log"
 

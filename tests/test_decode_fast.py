@@ -8,9 +8,9 @@ import random
 import msgspec
 import pytest
 
+from faultlens import decode as dec
 from faultlens.errors import SchemaError
-from faultlens.stream import decode as dec
-from faultlens.stream.schema import GpuSample, GpuState
+from faultlens.schema import GpuSample, GpuState
 
 
 def _careful(payload: bytes) -> GpuSample | str:

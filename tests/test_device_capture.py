@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.explain import explain_lines
-from faultlens.signatures import classify_nvsmi
-from faultlens.stream import decode as decoder
+from faultlens import decode as decoder
+from faultlens.collectors.signatures import classify_nvsmi
+from faultlens.diagnosis.explain import explain_lines
 
 CAPTURE = Path(__file__).parent / "fixtures" / "device_h100"
 H200 = Path(__file__).parent / "fixtures" / "device_h200"

@@ -8,6 +8,7 @@ import random
 import msgspec
 import pytest
 
+from faultlens import decode, schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.datasets.cluster import ClusterSpec
@@ -15,8 +16,7 @@ from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.errors import SchemaError
-from faultlens.stream import decode, schema
-from faultlens.stream.schema import GpuSample, GpuState
+from faultlens.schema import GpuSample, GpuState
 
 T0 = 1_763_700_000.0  # 2025-11-21 04:40 UTC: a year that is not this one, so a year-less time can go wrong
 

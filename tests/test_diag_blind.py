@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.collectors.kernel import KernelParser
+from faultlens.collectors.signatures import ClassifyContext, classify
 from faultlens.commands.diagnose import make_detectors
 from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.incidents import RECOVERED_KIND, IncidentBook, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
-from faultlens.signatures import ClassifyContext, classify
-from faultlens.stream import schema
 from tests.blindgen import Scenario, write
 
 FIX = Path(__file__).parent / "fixtures" / "blind"

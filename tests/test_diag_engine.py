@@ -6,7 +6,7 @@ from faultlens.config import Config, GuardConfig
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine, run_records
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.stream.schema import (
+from faultlens.schema import (
     Command,
     Finding,
     GpuSample,
@@ -269,7 +269,7 @@ def test_a_rank_whose_gradient_overflowed_alone_before_the_nan_is_the_suspect():
     import json
     import math
 
-    from faultlens.stream import decode as decoder
+    from faultlens import decode as decoder
 
     recs = gpu_samples(T0, T0 + 400)
     for step in range(300):

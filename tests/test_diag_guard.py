@@ -17,7 +17,7 @@ from faultlens.diagnosis.engine import DiagnosisEngine, run_records
 from faultlens.diagnosis.guard import job_level
 from faultlens.diagnosis.guardlog import GuardBook, LocalGuardLog, new_event
 from faultlens.diagnosis.policy import Decision
-from faultlens.stream.schema import Action, Incident, JobTopology, KernelEvent
+from faultlens.schema import Action, Incident, JobTopology, KernelEvent
 from faultlens.stream.topology import Topology
 
 T0 = 1_700_000_000.0
@@ -203,7 +203,7 @@ def test_every_holder_of_the_log_folds_the_same_verdicts() -> None:
 
 def test_an_action_the_runner_refused_keeps_its_incident_open() -> None:
     """The runner's `refused` on action-status (a bad node name, an unsupported type) is no mitigation."""
-    from faultlens.stream.schema import ActionStatus
+    from faultlens.schema import ActionStatus
 
     job = _job("r", 8)
     engine = _engine(jobs=[job])

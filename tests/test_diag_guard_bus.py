@@ -107,11 +107,11 @@ def test_online_diagnosis_hears_the_runner_refuse(bus) -> None:
     """An action the runner answers `refused` on action-status: its incident goes out open, with the reason."""
     import time
 
+    from faultlens import schema
     from faultlens.config import Config, DiagnosisConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream import schema
+    from faultlens.schema import ActionStatus, JobTopology, KernelEvent
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
-    from faultlens.stream.schema import ActionStatus, JobTopology, KernelEvent
     from faultlens.stream.topology import Topology
 
     topo = Topology.packed(tp=8, pp=1, dp=4, gpus_per_node=8, job="jr", node_fmt="jr-n{:02d}")

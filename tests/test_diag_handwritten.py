@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.commands.diagnose import make_detectors
 from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
-from faultlens.stream import schema
 from tests.handwritten import scenarios, write
 
 CASES = {s.name: s for s in scenarios()}

@@ -19,7 +19,7 @@ from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.engine import DiagnosisEngine, default_detectors
 from faultlens.diagnosis.modes import ONLINE
-from faultlens.stream.schema import Command, StackDump
+from faultlens.schema import Command, StackDump
 
 from .conftest import FIXTURES
 

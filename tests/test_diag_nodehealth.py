@@ -3,7 +3,7 @@
 from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.stream.schema import JobTopology, KernelEvent
+from faultlens.schema import JobTopology, KernelEvent
 from faultlens.stream.topology import Topology
 
 XID48 = ("NVRM: Xid (PCI:0000:19:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) "

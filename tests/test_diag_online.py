@@ -5,11 +5,11 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, DiagnosisConfig
 from faultlens.diagnosis.online import DiagnosisService
-from faultlens.stream import schema
+from faultlens.schema import JobTopology, KernelEvent
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from faultlens.stream.schema import JobTopology, KernelEvent
 from faultlens.stream.topology import Topology
 
 pytestmark = pytest.mark.broker

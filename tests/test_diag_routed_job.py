@@ -15,7 +15,7 @@ from pathlib import Path
 from faultlens.config import Config, GuardConfig
 from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.diagnosis.online.state import EngineFactory
-from faultlens.stream.schema import Action, KernelEvent
+from faultlens.schema import Action, KernelEvent
 
 XID_79 = (Path(__file__).parent / "fixtures" / "kernel" / "families" / "input.log").read_text().splitlines()[3]
 

@@ -4,7 +4,7 @@ import pytest
 
 from faultlens.diagnosis.rules import CounterRules, load_counter_rules
 from faultlens.errors import CatalogError
-from faultlens.stream.schema import GpuSample, GpuState
+from faultlens.schema import GpuSample, GpuState
 
 
 def run(samples):

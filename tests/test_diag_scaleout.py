@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, DiagnosisConfig
 from faultlens.diagnosis.online import DiagnosisService
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from tests import fleetgen
 
@@ -136,7 +136,7 @@ def test_state_survives_a_restart(bus, broker) -> None:
 def test_the_agents_messagepack_samples_pass_the_repartition(bus, broker) -> None:
     """The agent sends gpu samples as MessagePack (content-type header): the repartition
     forwards the bytes and the header, and the job's engine reads them."""
-    from faultlens.stream.decode import encode_wire
+    from faultlens.decode import encode_wire
 
     ensure_topics(bus)
     fleet = fleetgen.fleet(jobs=1, nodes_per_job=2, unjobbed=0, duration_s=15, gpu_interval_s=5, faulty_jobs=0)

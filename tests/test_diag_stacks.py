@@ -11,7 +11,7 @@ from faultlens.diagnosis.stacks import (
     parse_pyspy,
     training_thread,
 )
-from faultlens.stream.schema import StackDump
+from faultlens.schema import StackDump
 from faultlens.stream.topology import Topology
 
 from .conftest import FIXTURES

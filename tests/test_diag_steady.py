@@ -1,4 +1,4 @@
-"""GPU samples kept columnar (stream.decode.GpuColumns) give what reading each sample as its record gives.
+"""GPU samples kept columnar (faultlens.decode.GpuColumns) give what reading each sample as its record gives.
 
 Online diagnosis takes a sample that repeats its node's counters without building GpuStates
 (rules.CounterRules.steady, engine._steady_gpu). These tests feed the same samples both ways,
@@ -13,13 +13,13 @@ from typing import Any
 
 import msgspec
 
+from faultlens import decode as dec
 from faultlens.config import Config, DiagnosisConfig
+from faultlens.decode import GpuColumns
 from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.diagnosis.online.state import JobState, restore, snapshot
 from faultlens.diagnosis.rules import CounterRules
-from faultlens.stream import decode as dec
-from faultlens.stream.decode import GpuColumns
-from faultlens.stream.schema import GpuSample, GpuState, StepTiming
+from faultlens.schema import GpuSample, GpuState, StepTiming
 from tests import fleetgen
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
@@ -25,9 +26,8 @@ from faultlens.commands.diagnose import make_detectors
 from faultlens.config import Config
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.engine import DiagnosisEngine
-from faultlens.explain import explain_lines
-from faultlens.stream import schema
-from faultlens.stream.schema import Finding, GpuSample, GpuState
+from faultlens.diagnosis.explain import explain_lines
+from faultlens.schema import Finding, GpuSample, GpuState
 from tests.handwritten import NODES, Expect, Spec, _traceback, at, write
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -253,7 +253,7 @@ def test_informational_lines_are_info_in_explain(name: str) -> None:
 def test_the_remap_failure_speaks_for_a_dbe_a_remap_failure_and_a_gpu_that_did_not_come_back() -> None:
     """One GPU prints Xid 48 then Xid 64, another RmInitAdapter failed: the line that decides what happens to
     the machine is the remap failure (evict), not the first critical line (the DBE's reset)."""
-    from faultlens.signatures import most_significant
+    from faultlens.collectors.signatures import most_significant
 
     lines = [ln for d in ("families", "project", "real")
              for ln in (FIXTURES / "kernel" / d / "input.log").read_text().splitlines()]

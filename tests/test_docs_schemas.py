@@ -6,7 +6,7 @@ import re
 
 import orjson
 
-from faultlens.stream import schema
+from faultlens import schema
 from tests.conftest import REPO
 
 

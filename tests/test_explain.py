@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from faultlens.collectors.batch import read_batch_dir
-from faultlens.explain import detect_format, explain_lines, score_real_logs
+from faultlens.diagnosis.explain import detect_format, explain_lines, score_real_logs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIELDS = ["line_no", "text", "source", "category", "xid", "severity", "action", "meaning"]  # DESIGN's, in order

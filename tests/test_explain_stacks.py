@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from faultlens.explain import detect_format, explain_lines
+from faultlens.diagnosis.explain import detect_format, explain_lines
 
 DUMP = Path(__file__).parent / "fixtures" / "stacks" / "native" / "rank3.txt"
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from faultlens import decode
 from faultlens.collectors.kernel import KernelEvent, KernelParser
 from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.nvsmi_text import normalize
@@ -32,10 +33,9 @@ from faultlens.collectors.unparsed import (
     sniff_binary,
     to_int,
 )
+from faultlens.diagnosis.explain import explain_lines
 from faultlens.errors import SchemaError
-from faultlens.explain import explain_lines
-from faultlens.stream import decode
-from faultlens.stream.schema import NcclEvent
+from faultlens.schema import NcclEvent
 from tests.fuzzgen import mutate, mutate_bytes, seed_lines
 
 EXAMPLES = int(os.environ.get("FAULTLENS_FUZZ_EXAMPLES", "100"))
@@ -219,7 +219,8 @@ def test_time_beyond_any_calendar_is_a_dead_letter_not_a_stopped_processor():
     (int64) failed and the stream processor stopped ("cannot continue safely"). Now a dead letter."""
     from types import SimpleNamespace
 
-    from faultlens.stream import decode_arrow, schema
+    from faultlens import schema
+    from faultlens.stream import decode_arrow
 
     huge = schema.GpuSample(ts=4.9e44, node="n", gpus=[schema.GpuState(index=0)])
     ok = schema.GpuSample(ts=1.7e9, node="n", gpus=[schema.GpuState(index=0)])
@@ -250,7 +251,7 @@ class _Exploding(KernelParser):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_explain_error_path_keeps_every_line_in_order(fast):
-    from faultlens.explain import _ordinary_fast_path, _parsed
+    from faultlens.diagnosis.explain import _ordinary_fast_path, _parsed
 
     lines = ["[ 1.0] NVRM: Xid (PCI:0000:05:00): 79, pid=1, GPU has fallen off the bus.", "[ 1.1] audit: ok",
              "[ 1.2] INFO: task python:12 blocked for more than 120 seconds.", "  Call Trace:", "BOOM here",

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.config import AgentConfig, BusConfig, Config, LakeConfig
-from faultlens.stream import schema
+from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
 from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.catalog import open_lake
-from faultlens.stream.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
 from faultlens.stream.dedupe import SEQ_HEADER, Mark, SeqLedger, parse_seq
 from faultlens.stream.processor import StreamProcessor
 from tests.test_stream_processor import kill_processor_repeatedly

@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from faultlens import schema
 from faultlens.metrics import MetricsServer, ServiceMetrics, observe_consumer_lag
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
 

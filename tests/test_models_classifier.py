@@ -19,7 +19,7 @@ from faultlens.models.classifier import (
 )
 from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
 from faultlens.models.training import Rows, scenario_rows, windows
-from faultlens.stream.schema import KernelEvent, NcclEvent
+from faultlens.schema import KernelEvent, NcclEvent
 from tests import scengen
 
 
@@ -202,7 +202,7 @@ def test_a_storage_stall_is_open_until_the_server_answers_again() -> None:
 def test_null_gpu_fields_give_features_not_a_crash() -> None:
     """A GPU sample whose gauges and counters are null ("N/A") counts as seen; its gauges are
     not averaged in and its counters make no delta."""
-    from faultlens.stream import schema
+    from faultlens import schema
 
     sc = scengen.scenario("thermal_throttle", nodes=4, seed=3, duration_s=300)
     nulls = {"util": None, "power_w": None, "temp_c": None, "throttle_reasons": None, "ecc_dbe": None,

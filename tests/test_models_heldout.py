@@ -3,7 +3,7 @@ depend on the family's shape."""
 
 from faultlens.datasets.suite import suite_specs
 from faultlens.models.features import WindowFeatures
-from faultlens.stream.schema import NcclEvent
+from faultlens.schema import NcclEvent
 from faultlens.stream.topology import Topology
 
 WATCHDOG = ("[rank{r}]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "

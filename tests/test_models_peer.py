@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from faultlens import schema
 from faultlens.models.peer import PeerDetector, PeerParams, robust_z
-from faultlens.stream import schema
 from tests import stepgen
 
 T0 = 1_700_000_010.0  # not on a window boundary: windows are wall-clock aligned
@@ -65,7 +65,7 @@ def test_a_machine_whose_gpus_are_all_lost_is_left_out_of_the_comparison() -> No
 
 
 def test_null_gauges_are_skipped_not_a_crash() -> None:
-    """nvidia-smi's "N/A" decodes to null (stream/schema.py): a reading with a null gauge or
+    """nvidia-smi's "N/A" decodes to null (faultlens/schema.py): a reading with a null gauge or
     throttle field is left out of the comparison, and the hot GPU is still found."""
     fault = stepgen.GpuFault(node="n005", gpu=3, onset_s=200.0)
     samples = []

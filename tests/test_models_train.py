@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from faultlens import schema
 from faultlens.cli import main
 from faultlens.commands.train import lake_rows
 from faultlens.models.classifier import FaultClassifier
-from faultlens.stream import schema
 from tests import scengen
 
 

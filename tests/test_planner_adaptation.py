@@ -11,7 +11,7 @@ import pytest
 from faultlens.config import AdaptationConfig, load_config
 from faultlens.diagnosis.adaptation import choose_remediation, speeds_from_finding
 from faultlens.models.costmodel import JobShape
-from faultlens.stream.schema import Finding, cloudevent, decode, encode
+from faultlens.schema import Finding, cloudevent, decode, encode
 from faultlens.stream.topology import Topology
 from tests.conftest import REPO
 

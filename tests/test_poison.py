@@ -20,10 +20,10 @@ import msgspec
 import orjson
 import pytest
 
+from faultlens import decode, schema
 from faultlens.config import Config, LakeConfig
 from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.errors import SchemaError
-from faultlens.stream import decode, schema
 from faultlens.stream.consume import ConsumeLoop
 from faultlens.stream.decode_arrow import decode_batch
 from tests import fleetgen

@@ -8,11 +8,11 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
-from faultlens.stream import schema
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
 

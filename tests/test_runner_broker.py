@@ -8,9 +8,9 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.runner.runner import ActionRunner
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.signing import write_key
 from tests.runner_standins import (

@@ -8,10 +8,10 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.runner.runner import ActionRunner, Ledger
 from faultlens.errors import LakeError
-from faultlens.stream import schema
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
 DRAIN = "Reason=faultlens inc-7: Xid 79"

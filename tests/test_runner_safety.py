@@ -10,11 +10,11 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.runner.adapter_base import fill_template
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
-from faultlens.stream import schema
 from faultlens.stream.signing import Ed25519Key, Keyring
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 

@@ -1,4 +1,4 @@
-"""The shipped JSON Schemas accept what stream.schema.cloudevent produces and reject broken events."""
+"""The shipped JSON Schemas accept what faultlens.schema.cloudevent produces and reject broken events."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import copy
 import msgspec
 import pytest
 
+from faultlens import schema
 from faultlens.diagnosis.event_schemas import EventValidator, load_schema
-from faultlens.stream import schema
 
 
 def _incident(**kw) -> schema.Incident:

@@ -1,6 +1,6 @@
 """One signature catalog per family, one verdict everywhere.
 
-* Every catalog file of faultlens/catalogs is loaded, and every entry is reachable:
+* Every catalog file of collectors/catalogs is loaded, and every entry is reachable:
   each rule matches a recorded real line, each Xid code of the catalog is recognised
   from a printed Xid line, and no line of the negative set produces a finding.
 * Every recorded line walks the agent's ship filter, ``faultlens explain`` and the
@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.nccl import NcclParser
-from faultlens.config import Config
-from faultlens.diagnosis.engine import DiagnosisEngine
-from faultlens.explain import explain_lines
-from faultlens.signatures import (
+from faultlens.collectors.signatures import (
     CATALOGS,
     ClassifyContext,
     all_rules,
@@ -32,7 +30,9 @@ from faultlens.signatures import (
     is_ordinary,
     to_finding,
 )
-from faultlens.stream import schema
+from faultlens.config import Config
+from faultlens.diagnosis.engine import DiagnosisEngine
+from faultlens.diagnosis.explain import explain_lines
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -160,7 +160,7 @@ def test_agent_explain_and_engine_give_one_verdict(source: str, name: str) -> No
 def test_one_verdict_on_the_conformance_corpus() -> None:
     """The same walk over every kernel and NCCL entry of datasets/conformance (real lines)."""
     from faultlens.datasets import realworld
-    from faultlens.explain import detect_format
+    from faultlens.diagnosis.explain import detect_format
 
     entries = [e for e in realworld.load() if e["family"] != "nvsmi" and not e["text"].lstrip().startswith("=")]
     assert len(entries) >= 250
@@ -359,7 +359,7 @@ def test_every_nccl_prefix_gives_the_same_entry(entry: str) -> None:
 def test_long_records_are_judged_by_head_and_tail() -> None:
     """A crafted megabyte line is judged by its bounded head and tail (no quadratic regex
     stall: pytest-timeout guards it), and a long traceback still ends in its exception."""
-    from faultlens.signatures import MATCH_LIMIT, bounded
+    from faultlens.collectors.signatures import MATCH_LIMIT, bounded
 
     assert len(bounded("x" * 10 * MATCH_LIMIT)) <= 2 * MATCH_LIMIT + 1
     for piece in ("NVRM: ", "nvme nvme0: ", "EDAC ", "[EFA]", "md/raid1:md0: "):
@@ -384,7 +384,7 @@ NVSMI_WANT = {"nvsmi-001": ("reset_gpu", "warning"), "nvsmi-003": ("reset_gpu", 
 @pytest.mark.parametrize("name", sorted(NVSMI_WANT))
 def test_nvidia_smi_and_dcgm_text(name: str) -> None:
     """nvidia-smi -q / dcgmi diag text is detected as such and judged by its sections."""
-    from faultlens.signatures import most_significant
+    from faultlens.collectors.signatures import most_significant
 
     lines = (FIXTURES / "nvsmi" / "families" / f"{name}.txt").read_text().splitlines()
     explained = list(explain_lines(lines))

@@ -11,11 +11,11 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.cli import main
 from faultlens.collectors.stacks import command_refusal
 from faultlens.config import KeysConfig
 from faultlens.errors import ConfigError
-from faultlens.stream import schema
 from faultlens.stream.signing import (
     Ed25519Key,
     Key,

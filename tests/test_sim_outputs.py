@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 
+from faultlens import schema
 from faultlens.cli import main
 from faultlens.collectors.nvml_backend import NvmlBackend
 from faultlens.datasets.cluster import ClusterSpec
@@ -21,7 +22,6 @@ from faultlens.datasets.scenario import (
     write_batch_dir,
 )
 from faultlens.datasets.suite import long_run_spec, write_suite
-from faultlens.stream import schema
 from faultlens.stream.topology import Topology
 
 CLUSTER = ClusterSpec(nodes=2, tp=4, pp=2, dp=2, microbatches=4, job="jt")

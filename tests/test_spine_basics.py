@@ -7,9 +7,9 @@ import time
 import orjson
 import pytest
 
+from faultlens import schema
 from faultlens.config import load_config
 from faultlens.errors import ConfigError, SchemaError
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from faultlens import schema
 from faultlens.errors import BusError
-from faultlens.stream import schema
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop
 

@@ -1,4 +1,4 @@
-"""The one decoder (stream/decode.py): its coercion table, and stream and batch paths agreeing on one corpus."""
+"""The one decoder (faultlens/decode.py): its coercion table, and stream and batch paths agreeing on one corpus."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from faultlens import decode, schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
 from faultlens.errors import SchemaError
 from faultlens.records import LastKnown
-from faultlens.stream import decode, decode_arrow, schema
+from faultlens.stream import decode_arrow
 from tests.conftest import FIXTURES
 
 CORPUS = FIXTURES / "decode" / "gpu.jsonl"

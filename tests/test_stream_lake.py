@@ -10,8 +10,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401 - pa.parquet below
 
+from faultlens import decode, schema
 from faultlens.errors import SchemaError
-from faultlens.stream import decode, decode_arrow, schema
+from faultlens.stream import decode_arrow
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.compaction import compact_lake, recover
 from faultlens.stream.lake import LakeWriter

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from faultlens import schema
 from faultlens.config import BusConfig, Config, LakeConfig
 from faultlens.errors import LakeError
-from faultlens.stream import schema
 from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.catalog import open_lake
@@ -276,7 +276,7 @@ def test_a_bad_field_is_quarantined_and_a_non_json_message_dead_lettered_while_i
     not JSON go to the dead-letter topic; the agent's MessagePack lands beside JSON."""
     from prometheus_client import CollectorRegistry
 
-    from faultlens.stream import decode
+    from faultlens import decode
 
     ensure_topics(bus)
     line = b'{"v":1,"ts":1760000100.0,"node":"n1","job":"j1","gpus":[{"index":0,"remap_pending":1,"temp_c":"N/A"}]}'

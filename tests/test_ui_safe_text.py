@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.cli import main
-from faultlens.stream.schema import Action, Incident
+from faultlens.schema import Action, Incident
 from faultlens.ui.report import render_batch_report
 from faultlens.ui.text import md_code, md_escape
 from tests.hostile_text import (

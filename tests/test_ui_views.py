@@ -115,14 +115,14 @@ def test_step_prediction_explains_workload(con, inc: dict) -> None:
 
 def test_step_prediction_is_the_predictors_own_model(con, inc: dict) -> None:
     """The chart's prediction is models.predictor's StepTimePredictor on its own features, not a local fit."""
+    from faultlens import schema
     from faultlens.models.predictor import (
         WORKLOAD_FEATURES,
         StepTimePredictor,
         compute_time,
         workload_row,
     )
-    from faultlens.stream import schema
-    from faultlens.stream.schema import StepTiming
+    from faultlens.schema import StepTiming
 
     onset = float(inc["opened_ts"])
     rows = con.sql("SELECT * FROM steps WHERE job = ? AND ts BETWEEN ? AND ?",
@@ -186,7 +186,7 @@ def test_label_rows_validate(inc: dict, tmp_path: Path) -> None:
 def test_tolerated_incidents_are_not_failures_and_one_fault_counts_once(tmp_path: Path) -> None:
     """A link flap nothing was done about is tolerated; a throttled GPU opened as thermal throttling
     and as a fail-slow machine (two incidents, one culprit, minutes apart) is one failure."""
-    from faultlens.stream.schema import Incident
+    from faultlens.schema import Incident
     from tests.ui_scenario import T0, write_records
 
     lake = build_lake(tmp_path / "lake").path

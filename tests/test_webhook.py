@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from faultlens import schema
 from faultlens.config import load_config
 from faultlens.diagnosis.webhook import (
     ZERO_TIME,
@@ -18,7 +19,6 @@ from faultlens.diagnosis.webhook import (
     fingerprint,
 )
 from faultlens.errors import ConfigError
-from faultlens.stream import schema
 from faultlens.stream.broker import free_port
 
 

@@ -22,10 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.stream import schema
-from faultlens.stream.catalog import gpu_rollup_partial, steps_rollup_partial
-from faultlens.stream.lake import LakeWriter
-from faultlens.stream.schema import (
+from faultlens import schema
+from faultlens.schema import (
     Action,
     ActionStatus,
     GpuSample,
@@ -38,6 +36,8 @@ from faultlens.stream.schema import (
     StepTiming,
     lake_schema,
 )
+from faultlens.stream.catalog import gpu_rollup_partial, steps_rollup_partial
+from faultlens.stream.lake import LakeWriter
 from faultlens.stream.topology import Topology
 
 T0 = dt.datetime(2025, 3, 3, 9, 0, tzinfo=dt.UTC).timestamp()

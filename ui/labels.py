@@ -21,7 +21,7 @@ from faultlens.stream.lake import LakeWriter
 from faultlens.vocabulary import Category, FaultKind, values
 
 # The lake's labels table: one row per label a person gave (the newest per incident wins).
-# Kept here, beside the only writer, until stream/schema.py (which owns the lake schemas)
+# Kept here, beside the only writer, until faultlens/schema.py (which owns the lake schemas)
 # takes it over: a one-line move.
 LABELS_SCHEMA = pa.schema(
     [

@@ -24,7 +24,7 @@ import polars as pl
 
 from faultlens.diagnosis.stacks import fingerprint
 from faultlens.models.predictor import WORKLOAD_FEATURES, StepTimePredictor, compute_time
-from faultlens.stream.schema import StepTiming, json_columns
+from faultlens.schema import StepTiming, json_columns
 from faultlens.stream.topology import Topology
 from faultlens.ui.fleet import (  # noqa: F401 - re-exported: pages and the report import views only
     HEATMAP_METRICS,

@@ -55,8 +55,8 @@ from faultlens.errors import FaultlensError
 # the engine's dynamic state in another module adds its module here; the round-trip test fails
 # until it does.
 MODULES = frozenset({
-    "faultlens.config", "faultlens.records", "faultlens.signatures", "faultlens.vocabulary",
-    "faultlens.stream.decode", "faultlens.stream.schema", "faultlens.stream.topology",
+    "faultlens.config", "faultlens.records", "faultlens.collectors.signatures", "faultlens.vocabulary",
+    "faultlens.decode", "faultlens.schema", "faultlens.stream.topology",
     "faultlens.diagnosis.bursts", "faultlens.diagnosis.engine", "faultlens.diagnosis.exceptions",
     "faultlens.diagnosis.guard", "faultlens.diagnosis.incidents", "faultlens.diagnosis.inhibit",
     "faultlens.diagnosis.jobwide", "faultlens.diagnosis.modes", "faultlens.diagnosis.nanloss",

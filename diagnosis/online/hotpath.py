@@ -7,8 +7,8 @@ and no allocation that the record does not need.
 
 from __future__ import annotations
 
+from faultlens.decode import CONTENT_TYPE_HEADER
 from faultlens.stream.bus import Message
-from faultlens.stream.decode import CONTENT_TYPE_HEADER
 
 
 def forwarded_headers(m: Message) -> tuple[str, str, int, str | None]:

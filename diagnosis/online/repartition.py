@@ -39,10 +39,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from faultlens import schema
+from faultlens.decode import CONTENT_TYPE_HEADER
 from faultlens.errors import BusError, SchemaError
-from faultlens.stream import schema
 from faultlens.stream.bus import Message, Producer
-from faultlens.stream.decode import CONTENT_TYPE_HEADER
 from faultlens.stream.topology import Topology
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from faultlens import decode as wire
 from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
@@ -60,7 +61,6 @@ from faultlens.diagnosis.online.state import (
 )
 from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import BusError, ConfigError, SchemaError
-from faultlens.stream import decode as wire
 from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.consume import ConsumeLoop, close_quietly
@@ -386,7 +386,7 @@ class DiagnosisService:
                     continue
                 st.topology = m.value
             try:
-                # a columnar GPU sample stays columnar (stream.decode.GpuColumns): the engine builds its
+                # a columnar GPU sample stays columnar (faultlens.decode.GpuColumns): the engine builds its
                 # GpuStates only when its counters changed
                 record = wire.decode(kind, m.value, content_type=ctype, columnar=True)
             except (SchemaError, ValueError) as exc:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from faultlens.errors import ConfigError, Refused  # noqa: F401 - Refused re-exported for the adapters
-from faultlens.stream.schema import Action
+from faultlens.schema import Action
 from faultlens.vocabulary import ActionType
 
 log = logging.getLogger(__name__)

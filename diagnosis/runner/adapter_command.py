@@ -25,7 +25,7 @@ from faultlens.diagnosis.runner.adapter_base import (
     template_values,
 )
 from faultlens.errors import ConfigError
-from faultlens.stream.schema import Action
+from faultlens.schema import Action
 
 
 class CommandAdapter:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from faultlens.config import RunnerConfig
 from faultlens.diagnosis.runner.adapter_base import Step
-from faultlens.stream.schema import Action
+from faultlens.schema import Action
 
 
 class DryRunAdapter:

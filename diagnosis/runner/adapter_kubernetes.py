@@ -29,7 +29,7 @@ from faultlens.diagnosis.runner.adapter_base import (
     template_values,
 )
 from faultlens.errors import ConfigError
-from faultlens.stream.schema import Action
+from faultlens.schema import Action
 from faultlens.vocabulary import ActionType
 
 # key[=value]:Effect, with the key and value syntax of Kubernetes labels.

@@ -31,7 +31,7 @@ from faultlens.diagnosis.runner.adapter_base import (
     parse_template,
     template_values,
 )
-from faultlens.stream.schema import Action
+from faultlens.schema import Action
 
 
 class SlurmAdapter:

@@ -47,6 +47,7 @@ from typing import Any
 
 import orjson
 
+from faultlens import schema
 from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.event_schemas import EventValidator
 from faultlens.diagnosis.runner.adapter_base import (
@@ -60,8 +61,8 @@ from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.errors import BusError, ConfigError, LakeError, SchemaError
 from faultlens.metrics import ServiceMetrics
-from faultlens.stream import schema, topics
-from faultlens.stream.schema import Action, ActionStatus, DeadLetter
+from faultlens.schema import Action, ActionStatus, DeadLetter
+from faultlens.stream import topics
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, Unverified, verifier_warning
 from faultlens.vocabulary import ActionType
 

@@ -115,7 +115,7 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
 
     from faultlens.diagnosis.batch import diagnose_records
     from faultlens.diagnosis.nodehealth import NodeHealth
-    from faultlens.stream.schema import cloudevent
+    from faultlens.schema import cloudevent
     from faultlens.ui.report import render_batch_report
 
     console = Console(stderr=True)

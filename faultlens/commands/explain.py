@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     import orjson
 
     from faultlens.collectors.unparsed import read_lines
-    from faultlens.explain import explain_lines
+    from faultlens.diagnosis.explain import explain_lines
 
     if not args.files:
         if sys.stdin is None or sys.stdin.isatty():

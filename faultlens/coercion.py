@@ -1,6 +1,6 @@
 """The coercion table: one value as a producer wrote it -> the value a field declares.
 
-stream/coercion.toml holds the words (booleans, nulls, units); this module the
+faultlens/coercion.toml holds the words (booleans, nulls, units); this module the
 rules. Each ``to_*`` function returns the field's value or raises ``Bad(reason)``
 (the decoder then nulls the field and reports a ``FieldIssue``):
 
@@ -18,7 +18,7 @@ any            ``N/A``, ``[N/A]``, ``[Not Supported]``... (``[nulls]``), NaN and
                Infinity: null, with the reason the table names
 =============  ==================================================================
 
-Split from stream/decode.py so that the table (what is accepted) reads apart
+Split from faultlens/decode.py so that the table (what is accepted) reads apart
 from the decoding machinery (when it is applied).
 """
 

@@ -1,6 +1,6 @@
 """The signature catalogs and the one classifier every reader of a log line uses.
 
-One catalog file per family lives in faultlens/catalogs/: ``xid.toml`` (every
+One catalog file per family lives in collectors/catalogs/: ``xid.toml`` (every
 NVIDIA Xid code + the context numbers), ``sxid.toml`` (NVSwitch), ``kernel.toml``
 and ``nccl.toml`` (what a record *is*: ``[[kind]]`` patterns the parsers use; what
 it *means*: ordered ``[[rule]]`` entries with category, severity, action, the
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.errors import CatalogError
-from faultlens.stream.schema import Finding, KernelEvent, NcclEvent, StackDump, StepTiming
+from faultlens.schema import Finding, KernelEvent, NcclEvent, StackDump, StepTiming
 from faultlens.vocabulary import SEVERITY_RANK, Category, LineAction, Severity, values
 
 CATALOGS = Path(__file__).resolve().parent / "catalogs"

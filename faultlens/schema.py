@@ -2,13 +2,13 @@
 
 Every record kind that crosses a process boundary is declared here once, as a
 frozen ``msgspec.Struct`` with no Kafka, DuckDB or Streamlit imports (Structs,
-not dataclasses: the one decoder, stream/decode.py, builds them straight from
+not dataclasses: the one decoder, faultlens/decode.py, builds them straight from
 JSON or MessagePack in C at a few microseconds a message). From that one
 declaration come:
 
 * the JSON wire format (UTF-8, always carrying ``"v": SCHEMA_VERSION``) and the
-  agent's MessagePack wire for gpu and steps (stream/decode.py),
-* decoding: ``decode`` / ``from_dict`` are stream/decode.py's, tolerant by
+  agent's MessagePack wire for gpu and steps (faultlens/decode.py),
+* decoding: ``decode`` / ``from_dict`` are faultlens/decode.py's, tolerant by
   field and strict by identity (docs/schemas.md, "Decoding"),
 * the Arrow schema of the record's lake table (``lake_schema``).
 
@@ -24,7 +24,7 @@ examples there decode.
 
 Over 500 lines on purpose: most of it is the thirteen record declarations, and
 they stay in one module because they are the one contract every part reads
-(decoding lives in stream/decode.py and stream/coercion.py, Arrow batches in
+(decoding lives in faultlens/decode.py and faultlens/coercion.py, Arrow batches in
 stream/decode_arrow.py); the lake layout at the end is derived from them.
 """
 
@@ -434,20 +434,20 @@ def to_dict(record: Any) -> dict[str, Any]:
 
 
 def encode(record: Any) -> bytes:
-    """UTF-8 JSON bytes of a record (with ``"v"``). The agent's MessagePack: stream/decode.py."""
+    """UTF-8 JSON bytes of a record (with ``"v"``). The agent's MessagePack: faultlens/decode.py."""
     return _JSON.encode(record)
 
 
 def decode(kind: str, payload: bytes | str, *, content_type: str | None = None) -> Any:
-    """Bytes from the bus -> record; raises SchemaError(reason) for anything wrong (stream/decode.py)."""
-    from faultlens.stream import decode as _decode
+    """Bytes from the bus -> record; raises SchemaError(reason) for anything wrong (faultlens/decode.py)."""
+    from faultlens import decode as _decode
 
     return _decode.decode(kind, payload, content_type=content_type)
 
 
 def from_dict(kind: str, obj: Any) -> Any:
-    """A parsed JSON object -> record of ``kind``, through the one decoder (stream/decode.py)."""
-    from faultlens.stream import decode as _decode
+    """A parsed JSON object -> record of ``kind``, through the one decoder (faultlens/decode.py)."""
+    from faultlens import decode as _decode
 
     return _decode.from_obj(kind, obj)
 

@@ -30,7 +30,7 @@ from faultlens.diagnosis.classify import (
     classify,
     classify_nvsmi,
 )
-from faultlens.stream.schema import KernelEvent, StepTiming
+from faultlens.schema import KernelEvent, StepTiming
 from faultlens.vocabulary import Category
 
 SOURCES = ("kernel", "nccl", "stack", "steps", "nvsmi", "unknown")

@@ -1,4 +1,4 @@
-"""The one decoder: bytes or parsed objects -> typed records (stream/schema.py).
+"""The one decoder: bytes or parsed objects -> typed records (faultlens/schema.py).
 
 Every path that reads structured records uses this module: the stream
 processor (stream/decode_arrow.py builds its Arrow batches from these
@@ -7,8 +7,8 @@ reader (``from_obj``) and the agent's own steps lines.
 
 Tolerant by field, strict by identity (DESIGN.md):
 
-* A value is read through one coercion table (stream/coercion.py, its words in
-  stream/coercion.toml): NVML's
+* A value is read through one coercion table (faultlens/coercion.py, its words in
+  faultlens/coercion.toml): NVML's
   0/1 and nvidia-smi's ``Yes``/``No`` for booleans, numeric strings (with the
   field's unit: ``"72 C"``, ``"412.35 W"``), hex strings for bit masks,
   integral floats for counters. ``N/A``, ``[Not Supported]``, NaN, Infinity
@@ -50,9 +50,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from faultlens.errors import SchemaError
-from faultlens.stream import schema
-from faultlens.stream.coercion import (  # noqa: F401 - the table's names are part of the decoder's API
+from faultlens import schema
+from faultlens.coercion import (  # noqa: F401 - the table's names are part of the decoder's API
     FALSE_WORDS,
     ISSUE_VALUE_MAX,
     MAX_TS,
@@ -71,8 +70,9 @@ from faultlens.stream.coercion import (  # noqa: F401 - the table's names are pa
     to_str,
     to_ts,
 )
-from faultlens.stream.coercion import text_of as _text
-from faultlens.stream.schema import GpuSample, GpuState
+from faultlens.coercion import text_of as _text
+from faultlens.errors import SchemaError
+from faultlens.schema import GpuSample, GpuState
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPE = "application/msgpack"
