@@ -133,7 +133,7 @@ def _status_kb(pid: int, key: str) -> int:
 def measure(args: argparse.Namespace, mode: str, seconds: float) -> dict:
     """Run the agent in ``mode`` (default | ship) while writing lines; CPU and memory figures."""
     warmup = 5.0
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     rnd = random.Random(5)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:

@@ -161,8 +161,8 @@ def _agent_end_to_end(report: dict[str, Any], seconds: float, kernel_log: str = 
     """The real agent (NVML on, /dev/kmsg) -> embedded broker -> online diagnosis -> the action."""
     from faultlens.config import BusConfig, Config, DiagnosisConfig, GuardConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.stream.topology import Topology
 
     node = "gpu-node-1"

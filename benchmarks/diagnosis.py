@@ -133,8 +133,8 @@ def online_latency(trials: int, *, through_agent: bool = False) -> dict:
     from faultlens.config import AgentConfig, BusConfig, DiagnosisConfig
     from faultlens.diagnosis.online import DiagnosisService
     from faultlens.schema import JobTopology, KernelEvent
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.stream.topology import Topology
 
     lat = []

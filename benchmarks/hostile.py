@@ -148,8 +148,8 @@ def _end_offsets(bootstrap: str, prefix: str) -> dict[str, int]:
 
 def stream_part(n: int, bad: float, seed: int, work: Path) -> dict:
     from faultlens.config import BusConfig, Config, LakeConfig
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.stream.processor import StreamProcessor, lake_row_counts
 
     logging.basicConfig(level=logging.ERROR)

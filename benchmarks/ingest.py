@@ -12,7 +12,7 @@ we measure
   tolerance path on, Arrow, Parquet files, rollups, manifest commit), from its
   partition assignment to its last commit, fetching with kafka-python and, when
   confluent-kafka is installed, again fetching with confluent-kafka
-  (stream/fetch.py),
+  (stream/bus/lake_fetchers.py),
 
 and print each, the ratio lake / bare kafka-python per round and its median
 (for each fetcher; the headline is the processor as deployed: confluent-kafka
@@ -45,8 +45,8 @@ from pathlib import Path
 from faultlens import decode, schema
 from faultlens.config import BusConfig, Config, LakeConfig
 from faultlens.stream import topics
-from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import Producer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 from faultlens.stream.processor import CHECK_CRCS, StreamProcessor, lake_row_counts
 
 GPUS_PER_NODE = 8

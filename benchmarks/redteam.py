@@ -165,7 +165,7 @@ def _send(site: _Site, events: list[dict[str, Any]]) -> None:
 def forged_actions(scale: Scale) -> dict[str, int]:
     """Unsigned, wrongly signed, expired and future-dated actions (dry_run false) against a real runner."""
     from faultlens import schema
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.stream.signing import Ed25519Key, Keyring
 
     n = scale.n(50, minimum=8)
@@ -198,7 +198,7 @@ def agent_key_forges_action(scale: Scale) -> dict[str, int]:
     from faultlens import schema
     from faultlens.config import KeysConfig
     from faultlens.errors import ConfigError
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.stream.signing import (
         SIG_ATTR,
         SIGALG_ATTR,
@@ -309,7 +309,7 @@ def injection(scale: Scale) -> dict[str, int]:
 def forged_log_lines(scale: Scale) -> dict[str, int]:
     """Newlines in ids, jobs and reasons (signed and unsigned) must not write a line of their own."""
     from faultlens import schema
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     forged = "\n2026-11-27 10:00:00,000 WARNING faultlens.diagnosis.runner.runner: executing action act-FORGED " \
              "(evict_nodes) for job 1: scontrol update NodeName=n9 State=DRAIN"
@@ -365,7 +365,7 @@ def secrets_in_logs(scale: Scale) -> dict[str, int]:
 def hooks_run_twice(scale: Scale) -> dict[str, int]:
     """Restart the runner (default settings: its ledger on by default) and re-send the actions it ran."""
     from faultlens import schema
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     n = scale.n(20, minimum=3)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -390,7 +390,7 @@ def hooks_run_twice(scale: Scale) -> dict[str, int]:
 def runner_storm(scale: Scale) -> dict[str, int]:
     """More actions than the runner's own caps allow: its rate cap and its fleet cap hold on their own."""
     from faultlens import schema
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     n, rate_cap, fleet_cap = scale.n(60, minimum=12), 5, 4
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -506,8 +506,8 @@ def _online_fleet(jobs: int, xids: int, cap: int, instances: int) -> tuple[int, 
     from faultlens import schema
     from faultlens.config import BusConfig, Config, DiagnosisConfig, GuardConfig
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     fleet, records = _fleet_records(jobs, xids, minutes=26.0 * xids / 80)
     with EmbeddedBroker() as broker:
@@ -696,7 +696,7 @@ class _Services:
     def __init__(self, name: str):
         import tempfile
 
-        from faultlens.stream.broker import EmbeddedBroker
+        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
         self.tmp = Path(tempfile.mkdtemp(prefix=f"redteam-{name}-"))
         self.broker = EmbeddedBroker().start()

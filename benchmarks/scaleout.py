@@ -40,7 +40,7 @@ watches the output topics.
     python benchmarks/scaleout.py --quick   # 256 nodes, 2 kills each (~2.5 min: group joins and restarts take seconds)
     python benchmarks/scaleout.py           # 2,048 nodes, 10 kills each (~10 min)
     python benchmarks/scaleout.py --quick --membership group     # the consumer group (eager: kafka-python)
-    python benchmarks/scaleout.py --quick --membership group --consumer confluent   # cooperative (stream/coop.py)
+    python benchmarks/scaleout.py --quick --membership group --consumer confluent   # cooperative (stream/bus/librdkafka_consumer.py)
     python benchmarks/scaleout.py --quick --skip live,kill --feed live   # throughput while the backlog is written
     python benchmarks/scaleout.py --quick --skip live,kill --feed in-turn   # a core per instance, on any machine
 
@@ -701,7 +701,7 @@ def main() -> None:
     if args.mode == "worker":
         worker(args)
         return
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     os.environ["SCALEOUT_CONSUMER"], os.environ["SCALEOUT_PRODUCER"] = args.consumer, args.producer  # workers inherit
     os.environ["SCALEOUT_MEMBERSHIP"] = args.membership

@@ -249,8 +249,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     from faultlens.config import load_config
     from faultlens.datasets.live import demo_segments
     from faultlens.datasets.scenario import LiveWriter
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)

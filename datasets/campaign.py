@@ -679,7 +679,7 @@ def bus_check(kept: Mapping[tuple[str, int], Any], n: int,
     """Send ``n`` rendered failures (one per kind, the common ones first) through the embedded broker
     to the online DiagnosisService; returns (batch decision, bus decision) pairs."""
     from faultlens.datasets.campaign_render import decide_online
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     order = [k for k in BUS_FIRST if any(kk == k for kk, _ in kept)]
     order += sorted({k for k, _ in kept} - set(order))

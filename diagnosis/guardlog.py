@@ -54,6 +54,9 @@ import orjson
 
 from faultlens.config import BusConfig, GuardConfig
 from faultlens.errors import BusError
+from faultlens.stream import topics
+from faultlens.stream.bus import Producer, ensure_topics
+from faultlens.stream.bus.replay_log import ReplayLog
 
 log = logging.getLogger(__name__)
 
@@ -333,12 +336,6 @@ class KafkaGuardLog:
 
     def __init__(self, config: GuardConfig, bus: BusConfig, bootstrap: str | None = None, *,
                  backup_path: str = "", claim_timeout_s: float = 10.0):
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.errors import KafkaError
-
-        from faultlens.stream import topics
-        from faultlens.stream.bus import Producer, client_kwargs, ensure_topics
-
         self.book = GuardBook(config)
         self.claim_timeout_s = claim_timeout_s
         self._bus, self._bootstrap = bus, bootstrap
@@ -348,18 +345,16 @@ class KafkaGuardLog:
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
         self.name = topics.topic(GUARD_TOPIC, bus.topic_prefix)
-        self._tp = TopicPartition(self.name, 0)
         self._backup = LocalGuardLog(config, backup_path) if backup_path else None
         try:
             ensure_topics(bus, bootstrap, names=(GUARD_TOPIC,))
             self._producer = Producer(bus, bootstrap, linger_ms=0)
-            self._consumer = KafkaConsumer(**client_kwargs(bus, bootstrap), enable_auto_commit=False, group_id=None)
-            self._consumer.assign([self._tp])
-            self._consumer.seek_to_beginning(self._tp)
-            end = self._consumer.end_offsets([self._tp])[self._tp]
-        except KafkaError as exc:
+            self._log = ReplayLog(bus, bootstrap, self.name)
+            self._log.assign([0])
+            end = self._log.end_offsets([0])[0]
+        except BusError as exc:
             raise BusError(f"cannot open the guard log {self.name}: {exc}") from exc
-        self._read_until(lambda: self._consumer.position(self._tp) >= end, timeout_s=30.0)
+        self._read_until(lambda: self._log.position(0) >= end, timeout_s=30.0)
         if end == 0 and self._backup is not None:
             for event in self._backup.book.open_breakers():
                 log.warning("guard log %s is empty: re-opening a %s breaker from %s", self.name, event["scope"],
@@ -371,18 +366,15 @@ class KafkaGuardLog:
             return self._read_until_locked(done, timeout_s)
 
     def _read_until_locked(self, done: Any, timeout_s: float) -> bool:
-        from kafka.errors import KafkaError
-
         deadline = time.monotonic() + timeout_s
         while not done():
             try:
-                batch = self._consumer.poll(timeout_ms=50 if timeout_s > 0 else 0, max_records=10_000)
-            except KafkaError as exc:
+                batch = self._log.poll(50 if timeout_s > 0 else 0)
+            except BusError as exc:
                 log.warning("guard log %s: read failed: %s", self.name, exc)
                 return False
-            for msgs in batch.values():
-                for m in msgs:
-                    self._fold(m.value)
+            for m in batch:
+                self._fold(m.value)
             if time.monotonic() > deadline:
                 return done()
         return True
@@ -421,23 +413,19 @@ class KafkaGuardLog:
     def _recover(self) -> bool:
         """The broker lost the topic (a memory-only broker restarted): make it again, read the new log
         from its start, and write the breakers this instance knows to be open back to it."""
-        from kafka.errors import KafkaError
-
-        from faultlens.stream.bus import ensure_topics
-
         try:
             ensure_topics(self._bus, self._bootstrap, names=(GUARD_TOPIC,))
-            end = self._consumer.end_offsets([self._tp])[self._tp]
-            if end >= self._consumer.position(self._tp):
+            end = self._log.end_offsets([0])[0]
+            if end >= self._log.position(0):
                 return True  # the same log, slow to answer: one more try
             log.warning("guard log %s is shorter than what was read (%d): the broker lost it; re-opening %d "
                         "breaker(s) on the new log", self.name, end, len(self.book.open_breakers()))
             self.recoveries += 1
-            self._consumer.seek_to_beginning(self._tp)
-            self._read_until(lambda: self._consumer.position(self._tp) >= end, self.claim_timeout_s)
+            self._log.rewind([0])
+            self._read_until(lambda: self._log.position(0) >= end, self.claim_timeout_s)
             for trip in self.book.open_breakers():
                 self._produce(trip)
-        except (KafkaError, BusError) as exc:
+        except BusError as exc:
             log.error("guard log %s: cannot recover: %s", self.name, exc)
             return False
         return True
@@ -467,14 +455,9 @@ class KafkaGuardLog:
 
     def read_to_end(self, timeout_s: float = 10.0) -> bool:
         """Fold everything on the topic now (``faultlens guard status``)."""
-        from kafka.errors import KafkaError
-
         with self._lock:
-            try:
-                end = self._consumer.end_offsets([self._tp])[self._tp]
-            except KafkaError as exc:
-                raise BusError(f"cannot read the guard log {self.name}: {exc}") from exc
-            return self._read_until(lambda: self._consumer.position(self._tp) >= end, timeout_s)
+            end = self._log.end_offsets([0])[0]
+            return self._read_until(lambda: self._log.position(0) >= end, timeout_s)
 
     def claim(self, claim_id: str, *, job: str, nodes: Iterable[str], ts: float, job_nodes: int) -> ClaimVerdict:
         with self._lock:
@@ -500,7 +483,7 @@ class KafkaGuardLog:
             self._close_parts()
 
     def _close_parts(self) -> None:
-        for part in (self._consumer, self._producer):
+        for part in (self._log, self._producer):
             try:
                 part.close()
             except Exception:  # noqa: BLE001 - closing is best effort

@@ -59,7 +59,7 @@ class LakeConfig:
     group_id: str = "faultlens-stream"
     metrics_port: int = 0  # 0: no /metrics endpoint
     metrics_host: str = "127.0.0.1"
-    # The processor's Kafka client (stream/fetch.py): "auto" (confluent-kafka when installed and
+    # The processor's Kafka client (stream/bus/lake_fetchers.py): "auto" (confluent-kafka when installed and
     # the bus is a real cluster, else kafka-python), "kafka" (kafka-python: its broker-restart
     # handling covers the memory-only embedded broker) or "confluent" (confluent-kafka: ~1.3-1.7x
     # the lake rate; kafka-python's record parsing is the processor's wall).
@@ -125,10 +125,10 @@ class DiagnosisConfig:
     webhook_token: str = ""  # sent as "Authorization: Bearer <token>"; secret
     webhook_timeout_s: float = 5.0
     webhook_retries: int = 3
-    # The service's producer (repartition forwards, checkpoints, outputs; stream/produce.py): "auto"
+    # The service's producer (repartition forwards, checkpoints, outputs; stream/bus/librdkafka_producer.py): "auto"
     # (confluent-kafka when installed: ~2 us a message against kafka-python's ~20), "kafka" or "confluent".
     producer: str = "auto"
-    # The consumer's client (stream/coop.py): "kafka" (kafka-python) or "confluent" (librdkafka: records
+    # The consumer's client (stream/bus/librdkafka_consumer.py): "kafka" (kafka-python) or "confluent" (librdkafka: records
     # parsed in C). In the group: kafka-python rebalances eagerly (every instance stops while one joins
     # or leaves), librdkafka cooperatively (only the partitions that move stop, on a real Kafka; on the
     # embedded broker a member lost its whole assignment in a join: slower there). Under membership

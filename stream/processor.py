@@ -38,7 +38,7 @@ Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
 table (exactly once, like any row) and are sent to the deadletter topic
 (at least once: a crash after the send and before the commit sends again).
 
-Why not stream/consume.py's ``ConsumeLoop`` (the loop of every other service):
+Why not stream/bus/consume_loop.py's ``ConsumeLoop`` (the loop of every other service):
 that loop's commit point is a Kafka offset commit after each batch's effects,
 on the polling thread. Here the commit point is the lake's manifest, offsets
 live there (not in Kafka), partitions are placed by a seek on assignment, and
@@ -48,7 +48,7 @@ synchronous Kafka commit, and each record would become a ``bus.Message`` first;
 the ingest rate is bounded by the polling thread already (benchmarks/ingest.py),
 so both cost throughput directly. What the two share (decode -> dead letter,
 the content-type header, shutdown by ``stop()``) is in stream/decode_arrow.py
-and stream/fetch.py.
+and stream/bus/lake_fetchers.py.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, topics
+from faultlens.stream.bus.lake_fetchers import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.dedupe import SeqLedger, parse_seq
-from faultlens.stream.fetch import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.lake import LakeWriter
 from faultlens.stream.processor_stats import ProcessorStats
 
@@ -225,7 +225,7 @@ class StreamProcessor:
         self.rollups = rollups
         self.stats = ProcessorStats(registry)
         self.consumer_overrides = consumer_overrides or {}
-        self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka) | auto: stream/fetch.py
+        self.fetcher_backend = fetcher  # kafka (kafka-python) | confluent (confluent-kafka) | auto: stream/bus/lake_fetchers.py
         # A partition buffer this large is written ahead by the writer pool (files only; the
         # next commit's manifest names them), so that writing overlaps polling instead of
         # following it. Files not named by a manifest are a crash's leftovers: deleted on

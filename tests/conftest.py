@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.config import BusConfig
-from faultlens.stream.broker import EmbeddedBroker
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -187,8 +187,8 @@ def test_agent_counts_ordinary_lines_and_ships_the_rest(bus, tmp_path: Path) -> 
     from faultlens import schema
     from faultlens.collectors.agent import Agent
     from faultlens.config import AgentConfig, Config
-    from faultlens.stream.broker import free_port
     from faultlens.stream.bus import Consumer, ensure_topics
+    from faultlens.stream.bus.embedded_broker import free_port
 
     ensure_topics(bus)
     kern = tmp_path / "kern.log"

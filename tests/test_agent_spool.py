@@ -19,8 +19,8 @@ from faultlens.collectors.agent import Agent
 from faultlens.collectors.spool import Delivery, Spool
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.errors import BusError
-from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Consumer
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker, free_port
 
 OUTAGE_S = float(os.environ.get("FAULTLENS_TEST_OUTAGE_S", "6"))
 

@@ -17,8 +17,8 @@ import pytest
 
 from faultlens.config import BusConfig
 from faultlens.schema import KernelEvent
-from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
 
 def _send(producer: Producer, lo: int, hi: int, deadline_s: float = 60.0) -> None:

@@ -149,7 +149,7 @@ def test_a_broker_that_lost_the_guard_log_gets_the_open_breaker_back() -> None:
     import time
 
     from faultlens.config import BusConfig
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     broker = EmbeddedBroker().start()
     bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="guardloss", linger_ms=0)

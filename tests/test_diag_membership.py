@@ -186,7 +186,7 @@ def test_a_join_splits_the_partitions_and_a_silent_death_hands_them_back(bus: An
 def test_librdkafka_keeps_positions_through_assignments_and_commits_as_the_group(bus: Any) -> None:
     pytest.importorskip("confluent_kafka")
     from faultlens.stream.bus import Producer
-    from faultlens.stream.coop import AssignedConsumer
+    from faultlens.stream.bus.librdkafka_consumer import AssignedConsumer
 
     ensure_topics(bus, names=["diag-repartition"])
     name = topic("diag-repartition", bus.topic_prefix)

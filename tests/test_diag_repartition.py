@@ -9,7 +9,7 @@ from faultlens.config import BusConfig
 from faultlens.diagnosis.online.repartition import Repartitioner
 from faultlens.errors import BusError
 from faultlens.stream.bus import Consumer, Message, ensure_topics
-from faultlens.stream.produce import make_producer
+from faultlens.stream.bus.librdkafka_producer import make_producer
 
 pytest.importorskip("confluent_kafka")
 

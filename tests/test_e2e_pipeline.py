@@ -19,8 +19,8 @@ import pytest
 
 from faultlens.commands.demo import service_env, start_pipeline
 from faultlens.config import BusConfig
-from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import Consumer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 from faultlens.supervise import Supervisor
 
 # (fault kind, expected action type or None, culprit node for evictions). The live

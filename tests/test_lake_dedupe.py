@@ -18,8 +18,8 @@ from faultlens import schema
 from faultlens.collectors.agent import Agent
 from faultlens.config import AgentConfig, BusConfig, Config, LakeConfig
 from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
-from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Producer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker, free_port
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.dedupe import SEQ_HEADER, Mark, SeqLedger, parse_seq
 from faultlens.stream.processor import StreamProcessor

@@ -24,7 +24,7 @@ from faultlens import decode, schema
 from faultlens.config import Config, LakeConfig
 from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.errors import SchemaError
-from faultlens.stream.consume import ConsumeLoop
+from faultlens.stream.bus.consume_loop import ConsumeLoop
 from faultlens.stream.decode_arrow import decode_batch
 from tests import fleetgen
 

@@ -133,7 +133,7 @@ def test_the_runner_command_executes_and_serves_metrics(bus, tmp_path) -> None:
     import sys
     import urllib.request
 
-    from faultlens.stream.broker import free_port
+    from faultlens.stream.bus.embedded_broker import free_port
 
     ensure_topics(bus, names=("actions", "action-status", "deadletter"))
     rec = tmp_path / "calls.jsonl"

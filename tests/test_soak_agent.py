@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from faultlens.config import BusConfig
-from faultlens.stream.broker import EmbeddedBroker
 from faultlens.stream.bus import ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.processor import StreamProcessor
 from tests.test_stream_processor import config_for

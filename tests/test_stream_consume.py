@@ -11,7 +11,7 @@ import pytest
 from faultlens import schema
 from faultlens.errors import BusError
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from faultlens.stream.consume import ConsumeLoop
+from faultlens.stream.bus.consume_loop import ConsumeLoop
 
 pytestmark = pytest.mark.broker
 

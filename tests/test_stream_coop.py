@@ -11,7 +11,7 @@ from kafka import ConsumerRebalanceListener
 from faultlens.config import BusConfig
 from faultlens.errors import ConfigError
 from faultlens.stream.bus import Producer, ensure_topics
-from faultlens.stream.coop import CooperativeConsumer, group_consumer
+from faultlens.stream.bus.librdkafka_consumer import CooperativeConsumer, group_consumer
 from faultlens.stream.topics import REPARTITION_PARTITIONS
 
 pytest.importorskip("confluent_kafka")

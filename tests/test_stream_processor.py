@@ -16,8 +16,8 @@ import pytest
 from faultlens import schema
 from faultlens.config import BusConfig, Config, LakeConfig
 from faultlens.errors import LakeError
-from faultlens.stream.broker import EmbeddedBroker, free_port
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker, free_port
 from faultlens.stream.catalog import open_lake
 from faultlens.stream.processor import StreamProcessor
 
@@ -71,7 +71,7 @@ def config_for(bus: BusConfig, tmp_path: Path) -> Config:
                                            group_id=f"{bus.topic_prefix}-stream", flush_interval_s=0.5))  # fmt: skip
 
 
-# Both Kafka clients the processor can fetch with (stream/fetch.py). confluent-kafka is a declared
+# Both Kafka clients the processor can fetch with (stream/bus/lake_fetchers.py). confluent-kafka is a declared
 # dependency of the server and test extras (the default fetcher on a real cluster), so it is
 # tested, never skipped: a missing install fails here rather than passing quietly.
 FETCHERS = ["kafka", "confluent"]

@@ -9,7 +9,7 @@ import pytest
 from faultlens.config import BusConfig
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream.bus import Consumer, Producer, ensure_topics
-from faultlens.stream.produce import ConfluentProducer, make_producer
+from faultlens.stream.bus.librdkafka_producer import ConfluentProducer, make_producer
 
 pytest.importorskip("confluent_kafka")
 

@@ -19,7 +19,7 @@ from faultlens.diagnosis.webhook import (
     fingerprint,
 )
 from faultlens.errors import ConfigError
-from faultlens.stream.broker import free_port
+from faultlens.stream.bus.embedded_broker import free_port
 
 
 class Receiver:

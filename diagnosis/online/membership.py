@@ -69,10 +69,10 @@ from faultlens.stream.bus import (
     Consumer,
     Message,
     Producer,
-    client_kwargs,
     ensure_topics,
     is_embedded,
 )
+from faultlens.stream.bus.replay_log import ReplayLog, topic_partitions
 from faultlens.stream.signing import Keyring, Unverified
 
 log = logging.getLogger(__name__)
@@ -232,9 +232,6 @@ class Membership:
 
     def __init__(self, bus: BusConfig, bootstrap: str | None, member_id: str, *, group: str = "",
                  heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None):
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.errors import KafkaError
-
         self.me = member_id
         self.heartbeat_s = heartbeat_s
         self.topic = topics.topic("diag-members", bus.topic_prefix)
@@ -251,12 +248,9 @@ class Membership:
         # restarted) makes it again (_publish) rather than wait out kafka-python's 60 s.
         self._producer = Producer(bus, bootstrap, linger_ms=0, max_block_ms=2000)
         try:
-            self._reader = KafkaConsumer(**client_kwargs(bus, bootstrap), group_id=None, enable_auto_commit=False,
-                                         fetch_max_wait_ms=50, fetch_min_bytes=1)
-            self._tp = TopicPartition(self.topic, 0)
-            self._reader.assign([self._tp])
-            self._reader.seek_to_beginning(self._tp)
-        except KafkaError as exc:
+            self._reader = ReplayLog(bus, bootstrap, self.topic, fetch_max_wait_ms=50, fetch_min_bytes=1)
+            self._reader.assign([0])
+        except BusError as exc:
             self._producer.close()
             raise BusError(f"cannot read {self.topic}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="faultlens-members", daemon=True)
@@ -280,30 +274,27 @@ class Membership:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
             self._read(100)
-            hw = self._reader.highwater(self._tp)
-            if hw is not None and self._reader.position(self._tp) >= hw:
+            hw = self._reader.highwater(0)
+            if hw is not None and self._reader.position(0) >= hw:
                 return
         log.warning("membership: %s not read to its end in %.0f s; going on", self.topic, timeout_s)
 
     def _read(self, timeout_ms: int) -> None:
-        from kafka.errors import KafkaError
-
         try:
-            got = self._reader.poll(timeout_ms=timeout_ms, max_records=5000)
-        except KafkaError as exc:
+            got = self._reader.poll(timeout_ms, 5000)
+        except BusError as exc:
             log.warning("membership: reading %s failed: %s", self.topic, exc)
             time.sleep(timeout_ms / 1000)
             return
         now, wall = time.monotonic(), time.time()
         with self._lock:
-            for msgs in got.values():
-                for m in msgs:
-                    self.view.heard(m.value, now=now, wall=wall)
-        hw = self._reader.highwater(self._tp)
-        if not got and hw is not None and self._reader.position(self._tp) > hw:
+            for m in got:
+                self.view.heard(m.value, now=now, wall=wall)
+        hw = self._reader.highwater(0)
+        if not got and hw is not None and self._reader.position(0) > hw:
             # Past the end of the log: the broker lost it (restarted empty); read the new one.
             log.warning("membership: %s went back to offset %d; reading it from the start", self.topic, hw)
-            self._reader.seek_to_beginning(self._tp)
+            self._reader.rewind([0])
 
     def _publish(self, *, left: bool = False) -> None:
         with self._lock:
@@ -384,7 +375,7 @@ class MemberConsumer:
         self.listener = listener
         self._consumer: Any
         if backend == "confluent":
-            from faultlens.stream.coop import AssignedConsumer
+            from faultlens.stream.bus.librdkafka_consumer import AssignedConsumer
 
             self._consumer = AssignedConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap,
                                               fetch_max_wait_ms=fetch_max_wait_ms)
@@ -421,9 +412,7 @@ class MemberConsumer:
         self._consumer.raw.assign(self._tps(set(self.membership.owned) - self._waiting - self._releasing))
 
     def _tps(self, slots: Iterable[Slot]) -> list[Any]:
-        from kafka import TopicPartition
-
-        return [TopicPartition(t, p) for t, p in sorted(slots)]
+        return [tp for t, p in sorted(slots) for tp in topic_partitions(t, [p])]
 
     def ready(self, tps: Iterable[Any]) -> None:
         """Partitions whose state is in: fetch them from now on."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from faultlens.diagnosis.online.state import ChangelogReader, Restored
 from faultlens.errors import BusError
-from faultlens.stream.consume import close_quietly
+from faultlens.stream.bus.consume_loop import close_quietly
 
 log = logging.getLogger(__name__)
 

@@ -63,9 +63,10 @@ from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import BusError, ConfigError, SchemaError
 from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
-from faultlens.stream.consume import ConsumeLoop, close_quietly
-from faultlens.stream.coop import consumer_backend, group_consumer
-from faultlens.stream.produce import make_producer
+from faultlens.stream.bus.consume_loop import ConsumeLoop, close_quietly
+from faultlens.stream.bus.librdkafka_consumer import consumer_backend, group_consumer
+from faultlens.stream.bus.librdkafka_producer import make_producer
+from faultlens.stream.bus.replay_log import RebalanceListener, partitions_of, topic_partitions
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
 
 log = logging.getLogger(__name__)
@@ -92,17 +93,15 @@ def _listener(service: DiagnosisService) -> Any:
     top of its next round, before it applies any record of those partitions.
     ``released`` (membership.MemberConsumer only): given up while still held, so
     the jobs are checkpointed before they go; ``revoked``: already gone, write nothing."""
-    from kafka import ConsumerRebalanceListener
-
-    class _Rebalance(ConsumerRebalanceListener):
+    class _Rebalance(RebalanceListener):
         def on_partitions_revoked(self, revoked: Any) -> None:
-            service._events.put(("revoke", [tp.partition for tp in revoked if tp.topic == service.rep_topic]))
+            service._events.put(("revoke", partitions_of(revoked, service.rep_topic)))
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            service._events.put(("assign", [tp.partition for tp in assigned if tp.topic == service.rep_topic]))
+            service._events.put(("assign", partitions_of(assigned, service.rep_topic)))
 
         def on_partitions_released(self, released: Any) -> None:
-            service._events.put(("release", [tp.partition for tp in released if tp.topic == service.rep_topic]))
+            service._events.put(("release", partitions_of(released, service.rep_topic)))
 
     return _Rebalance()
 
@@ -326,16 +325,14 @@ class DiagnosisService:
     def _resume(self, p: int) -> None:
         """Fetch a partition whose state is in: a MemberConsumer starts fetching it only now; a group
         consumer resumes it if _refetch paused it while its state was being read."""
-        from kafka import TopicPartition
-
         if isinstance(self._rep_consumer, MemberConsumer):
-            self._rep_consumer.ready([TopicPartition(self.rep_topic, p)])
+            self._rep_consumer.ready(topic_partitions(self.rep_topic, [p]))
             return
         if p not in self._paused or self._rep_consumer is None:
             return
         self._paused.discard(p)
         try:
-            self._rep_consumer.raw.resume(TopicPartition(self.rep_topic, p))
+            self._rep_consumer.raw.resume(*topic_partitions(self.rep_topic, [p]))
         except Exception as exc:  # noqa: BLE001 - revoked meanwhile: its next owner reads it
             log.debug("diagnosis: cannot resume partition %d: %r", p, exc)
 
@@ -407,17 +404,15 @@ class DiagnosisService:
     def _refetch(self, first: dict[int, int]) -> None:
         """Records of a partition this instance is assigned but has not restored yet (its rebalance
         event came after the fetch): seek back so they come again once the state is in."""
-        from kafka import TopicPartition
-
         if self._rep_consumer is None:
             return
         name = topics.topic(REPARTITION, self.config.bus.topic_prefix)
         assigned = {tp.partition for tp in self._rep_consumer.raw.assignment()}
         for p, off in first.items():
             if p in assigned:
-                self._rep_consumer.raw.seek(TopicPartition(name, p), off)
+                self._rep_consumer.raw.seek(topic_partitions(name, [p])[0], off)
                 if self._restorer is not None and p in self._restorer.pending and p not in self._paused:
-                    self._rep_consumer.raw.pause(TopicPartition(name, p))  # fetched again once restored
+                    self._rep_consumer.raw.pause(*topic_partitions(name, [p]))  # fetched again once restored
                     self._paused.add(p)
 
     def _tick(self, *, force: bool = False) -> None:
@@ -613,7 +608,7 @@ class DiagnosisService:
         """One consumer for both stages: the input topics (repartitioned) and the repartition topic
         (diagnosed); two groups per process made Tansu's joins take 10-40 s. Its partitions are decided
         by the members topic (membership.py: no group join) or by the consumer group: kafka-python (eager
-        rebalances) or confluent-kafka (cooperative-sticky, stream/coop.py)."""
+        rebalances) or confluent-kafka (cooperative-sticky, stream/bus/librdkafka_consumer.py)."""
         d, bus = self.config.diagnosis, self.config.bus
         kinds = [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION]
         # The changelog reader is opened now, not at the first assignment (~1 s of client start-up).

@@ -48,6 +48,8 @@ from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.diagnosis.online import codec
 from faultlens.errors import BusError, FaultlensError
 from faultlens.stream import topics
+from faultlens.stream.bus import ensure_topics
+from faultlens.stream.bus.replay_log import ReplayLog
 
 log = logging.getLogger(__name__)
 
@@ -288,19 +290,10 @@ class ChangelogReader:
     written to the partition, and the newest per key wins all the same."""
 
     def __init__(self, config: Config, bootstrap: str | None):
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaError
-
-        from faultlens.stream.bus import client_kwargs
-
         self.name = topics.topic("diag-changelog", config.bus.topic_prefix)
         self._bus, self._bootstrap = config.bus, bootstrap
-        try:
-            self._consumer = KafkaConsumer(**client_kwargs(config.bus, bootstrap), enable_auto_commit=False,
-                                           group_id=None, fetch_max_bytes=64 * 1024 * 1024,
-                                           max_partition_fetch_bytes=32 * 1024 * 1024)
-        except KafkaError as exc:
-            raise BusError(f"cannot read {self.name}: {exc}") from exc
+        self._log = ReplayLog(config.bus, bootstrap, self.name, fetch_max_bytes=64 * 1024 * 1024,
+                              max_partition_fetch_bytes=32 * 1024 * 1024)
 
     def read(self, partition: int, *, timeout_s: float = 60.0) -> Restored:
         return self.read_many([partition], timeout_s=timeout_s)[partition]
@@ -308,56 +301,48 @@ class ChangelogReader:
     def read_many(self, partitions: list[int], *, timeout_s: float = 60.0) -> dict[int, Restored]:
         """Several partitions in one pass (one assignment, fetches of all of them together): the
         partitions of a join or a failover come back together, not one restore after another."""
-        from kafka import TopicPartition
-        from kafka.errors import KafkaError
-
         started = time.monotonic()
-        c = self._consumer
+        c = self._log
         values: dict[int, dict[str, bytes]] = {p: {} for p in partitions}
         offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
         bad_marks: dict[int, list[tuple[int, str]]] = {p: [] for p in partitions}
         marks: dict[int, dict[str, Any] | None] = dict.fromkeys(partitions)
         n = dict.fromkeys(partitions, 0)
         try:
-            known = c.partitions_for_topic(self.name) or set()
+            known = c.known_partitions()
             missing = [p for p in partitions if p not in known]
             if missing:
                 # No such topic on the broker (a memory-only broker restarted without it): nothing
                 # to restore, and asking its offsets would only wait out the client's timeout. The
                 # topics are made again so that this instance's checkpoints have somewhere to go.
                 log.warning("%s has no partition %s on the broker: nothing to restore", self.name, missing)
-                from faultlens.stream.bus import ensure_topics
-
                 ensure_topics(self._bus, self._bootstrap)
-            tps = [TopicPartition(self.name, p) for p in partitions if p in known]
+            tps = [p for p in partitions if p in known]
             c.assign(tps)
-            if tps:
-                c.seek_to_beginning(*tps)
-                ends = c.end_offsets(tps)
+            ends = c.end_offsets(tps) if tps else {}
             while tps and any(c.position(tp) < ends[tp] for tp in tps):
                 if time.monotonic() - started > timeout_s:
-                    behind = ", ".join(f"[{tp.partition}] {c.position(tp)}/{ends[tp]}" for tp in tps)
+                    behind = ", ".join(f"[{tp}] {c.position(tp)}/{ends[tp]}" for tp in tps)
                     raise BusError(f"restoring {self.name} took over {timeout_s:.0f} s (read: {behind})")
-                for tp, msgs in c.poll(timeout_ms=500, max_records=5000).items():
-                    p = tp.partition
-                    for m in msgs:
-                        n[p] += 1
-                        key = m.key.decode("utf-8", "replace") if m.key else ""
-                        if key == MARK_KEY:
-                            try:
-                                marks[p] = read_mark(m.value)  # the newest marker that reads wins
-                            except CheckpointError as exc:
-                                bad_marks[p].append((m.offset, str(exc)))
-                        elif m.value is None:
-                            values[p].pop(key, None)  # a tombstone: that job starts afresh
-                            offsets[p].pop(key, None)
-                        else:
-                            values[p][key] = m.value
-                            offsets[p][key] = m.offset
-        except KafkaError as exc:
+                for m in c.poll(500, 5000):
+                    p = m.partition
+                    n[p] += 1
+                    key = m.key.decode("utf-8", "replace") if m.key else ""
+                    if key == MARK_KEY:
+                        try:
+                            marks[p] = read_mark(m.value)  # the newest marker that reads wins
+                        except CheckpointError as exc:
+                            bad_marks[p].append((m.offset, str(exc)))
+                    elif m.value is None:
+                        values[p].pop(key, None)  # a tombstone: that job starts afresh
+                        offsets[p].pop(key, None)
+                    else:
+                        values[p][key] = m.value
+                        offsets[p][key] = m.offset
+        except BusError as exc:
             raise BusError(f"restoring {self.name}{sorted(partitions)} failed: {exc}") from exc
         took = time.monotonic() - started
         return {p: Restored(values[p], marks[p], n[p], took, offsets[p], bad_marks[p]) for p in partitions}
 
     def close(self) -> None:
-        self._consumer.close()
+        self._log.close()

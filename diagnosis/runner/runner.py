@@ -343,7 +343,7 @@ class ActionRunner:
         re-delivered action (a commit lost to a crash or a rebalance) is recognised by the ledger."""
         from faultlens.metrics import observe_consumer_lag
         from faultlens.stream.bus import Consumer, Producer, ensure_topics
-        from faultlens.stream.consume import ConsumeLoop
+        from faultlens.stream.bus.consume_loop import ConsumeLoop
 
         bus = self.config.bus
         try:

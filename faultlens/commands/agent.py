@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     bootstrap = config.bus.bootstrap_servers or None
     broker = None
     if not bootstrap:
-        from faultlens.stream.broker import EmbeddedBroker
+        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap

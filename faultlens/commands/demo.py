@@ -196,8 +196,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from rich.console import Console
 
     from faultlens.datasets.live import DEMO_FAULTS, demo_fleet
-    from faultlens.stream.broker import EmbeddedBroker
     from faultlens.stream.bus import Consumer, ensure_topics
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
     from faultlens.supervise import Supervisor
 
     console = Console()

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                       args.node_health)
     from faultlens.diagnosis.nodehealth import NodeHealth
     from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream.broker import EmbeddedBroker
+    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     health = NodeHealth(args.node_health or config.diagnosis.catalog_path)
     metrics = server = None

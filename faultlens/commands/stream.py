@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     broker = None
     bootstrap = config.bus.bootstrap_servers
     if not bootstrap:
-        from faultlens.stream.broker import EmbeddedBroker
+        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap

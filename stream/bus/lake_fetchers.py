@@ -59,7 +59,7 @@ class Fetcher(Protocol):
 def choose_backend(backend: str, bootstrap: str) -> str:
     """``auto``: confluent-kafka when it is installed and the bus is a real cluster (about 1.3-1.7x
     the lake rate: kafka-python's record parsing is the processor's wall), else kafka-python,
-    whose path carries the embedded broker's restart handling (stream/bus.py)."""
+    whose path carries the embedded broker's restart handling (stream/bus/__init__.py)."""
     if backend != "auto":
         return backend
     from faultlens.stream.bus import is_embedded
@@ -79,7 +79,7 @@ def open_fetcher(backend: str, bus: BusConfig, kinds: Iterable[str], *, group_id
     """The fetcher of ``backend`` (``kafka`` or ``confluent``), subscribed to ``kinds``' topics.
 
     ``on_reset`` hears of partitions whose log the broker lost and that are read again from
-    offset 0 (stream/bus.py finds them for kafka-python; librdkafka resets by itself)."""
+    offset 0 (stream/bus/__init__.py finds them for kafka-python; librdkafka resets by itself)."""
     if backend == "kafka":
         return KafkaPythonFetcher(bus, kinds, group_id=group_id, bootstrap=bootstrap, on_assigned=on_assigned,
                                   on_revoked=on_revoked, check_crcs=check_crcs, overrides=overrides,
@@ -94,7 +94,7 @@ def open_fetcher(backend: str, bus: BusConfig, kinds: Iterable[str], *, group_id
 
 
 class KafkaPythonFetcher:
-    """kafka-python through stream/bus.py's Consumer; rebalance callbacks run on its IO thread."""
+    """kafka-python through stream/bus/__init__.py's Consumer; rebalance callbacks run on its IO thread."""
 
     def __init__(self, bus: BusConfig, kinds: Iterable[str], *, group_id: str, bootstrap: str,
                  on_assigned: OnAssigned, on_revoked: OnRevoked, check_crcs: bool,
@@ -202,7 +202,7 @@ class _Record(msgspec.Struct, frozen=True, gc=False):
 
 
 def confluent_settings(bus: BusConfig, bootstrap: str | None, check_crcs: bool) -> dict[str, Any]:
-    """librdkafka settings equivalent to stream/bus.py's kafka-python ones."""
+    """librdkafka settings equivalent to stream/bus/__init__.py's kafka-python ones."""
     from faultlens.stream.bus import client_kwargs, is_embedded
 
     kw = client_kwargs(bus, bootstrap)

@@ -19,7 +19,7 @@ from faultlens.config import BusConfig
 from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.errors import BusError
 from faultlens.stream import topics
-from faultlens.stream.broker import EMBEDDED_MAX_POLL_INTERVAL_MS
+from faultlens.stream.bus.embedded_broker import EMBEDDED_MAX_POLL_INTERVAL_MS
 from faultlens.stream.signing import Keyring
 
 log = logging.getLogger(__name__)

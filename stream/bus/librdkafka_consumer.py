@@ -43,7 +43,7 @@ from faultlens.config import BusConfig
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream import topics
 from faultlens.stream.bus import Message, is_embedded
-from faultlens.stream.fetch import confluent_settings
+from faultlens.stream.bus.lake_fetchers import confluent_settings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class _LibrdkafkaConsumer:
         self._ck = ck
         self.prefix = bus.topic_prefix
         self.topics = [topics.topic(k, self.prefix) for k in kinds]
-        # The processor's librdkafka settings (stream/fetch.py), as a consumer that answers at once:
+        # The processor's librdkafka settings (stream/bus/lake_fetchers.py), as a consumer that answers at once:
         # no minimum fetch size, its own fetch wait.
         conf = confluent_settings(bus, bootstrap, check_crcs=False)
         conf.pop("check.crcs")
@@ -230,12 +230,12 @@ CONSUMERS = ("kafka", "confluent")
 def consumer_backend(backend: str, bus: BusConfig, bootstrap: str | None) -> str:
     """``auto``: ``confluent`` when confluent-kafka is installed and the bus is a real cluster, else
     ``kafka`` (on the embedded broker a cooperative member lost its whole assignment in joins, and only
-    kafka-python's consumer notices a memory-only broker that restarted: stream/bus.py)."""
+    kafka-python's consumer notices a memory-only broker that restarted: stream/bus/__init__.py)."""
     if backend not in ("auto", *CONSUMERS):
         raise ConfigError(f"diagnosis consumer {backend!r} not in {('auto', *CONSUMERS)}")
     if backend != "auto":
         return backend
-    from faultlens.stream.produce import confluent_available
+    from faultlens.stream.bus.librdkafka_producer import confluent_available
 
     servers = bootstrap or bus.bootstrap_servers or ""
     return "confluent" if confluent_available() and not is_embedded(servers) else "kafka"

@@ -1,4 +1,4 @@
-"""A producer on confluent-kafka (librdkafka) with stream/bus.py's ``Producer`` interface.
+"""A producer on confluent-kafka (librdkafka) with stream/bus/__init__.py's ``Producer`` interface.
 
 Why: kafka-python's ``send`` costs ~20 us of the caller's CPU a message (its
 partitioner and record accumulator are Python) plus its IO thread's, on the
@@ -24,7 +24,7 @@ from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream import topics
 from faultlens.stream.bus import Producer, client_kwargs, is_embedded
-from faultlens.stream.fetch import confluent_security
+from faultlens.stream.bus.lake_fetchers import confluent_security
 from faultlens.stream.signing import Keyring
 
 log = logging.getLogger(__name__)
