@@ -11,7 +11,7 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 # nothing in pyproject.toml can silence it, so the install steps filter that one message.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test check chromium bench lint typecheck clean
+.PHONY: demo test check chromium bench lint typecheck floors clean FORCE
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,17 +45,25 @@ chromium:
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
-# mypy cannot follow pyproject's package-dir mapping (faultlens.collectors = collectors/),
-# so it checks a tree of links laid out as the installed package is.
+# mypy and import-linter cannot follow pyproject's package-dir mapping (faultlens.collectors =
+# collectors/), so both read a tree of links laid out as the installed package is.
 PARTS := collectors stream models diagnosis ui datasets
-typecheck: $(VENV)/.installed-test
+.typecheck: FORCE
 	@rm -rf .typecheck && mkdir -p .typecheck/faultlens
 	@for f in faultlens/*; do ln -s ../../$$f .typecheck/faultlens/; done
 	@for p in $(PARTS); do ln -s ../../$$p .typecheck/faultlens/$$p; done
+
+typecheck: $(VENV)/.installed-test .typecheck
 	cd .typecheck && ../$(VENV)/bin/mypy --config-file ../pyproject.toml -p faultlens
 
+# The floors (docs/design.md): import-linter's contracts in pyproject.toml.
+floors: $(VENV)/.installed-test .typecheck
+	cd .typecheck && PYTHONPATH=. ../$(VENV)/bin/lint-imports ../pyproject.toml
+
+FORCE:
+
 # Static checks first (seconds), then the suite.
-test: chromium lint typecheck
+test: chromium lint typecheck floors
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-test

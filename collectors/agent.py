@@ -41,14 +41,18 @@ from typing import Any
 
 from faultlens import schema
 from faultlens.collectors.follow import RECORD_QUIET_S
+from faultlens.collectors.kernel import kernel_kinds
+from faultlens.collectors.nccl import nccl_kinds
 from faultlens.collectors.signatures import is_ordinary
 from faultlens.collectors.sources import Source, source_factory
 from faultlens.collectors.spool import Delivery, Entry, Spool
 from faultlens.config import Config
 from faultlens.decode import encode_wire, time_bounds
 from faultlens.errors import BusError
+from faultlens.metrics import MetricsServer, ServiceMetrics
 from faultlens.schema import StackDump
 from faultlens.stream import topics
+from faultlens.stream.bus import Producer, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,6 @@ _SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", 
 @functools.cache
 def _recognised_kinds() -> frozenset[str]:
     """Kernel and NCCL record kinds the catalogs name (``[[kind]]``): fault lines, sent at once."""
-    from faultlens.collectors.kernel import kernel_kinds
-    from faultlens.collectors.nccl import nccl_kinds
 
     return frozenset(k.name for t in (kernel_kinds(), nccl_kinds()) for k in t.kinds)
 
@@ -173,7 +175,6 @@ class Agent:
 
     # ------------------------------------------------------------------ plumbing
     def _producer(self) -> Any:
-        from faultlens.stream.bus import Producer, ensure_topics
 
         try:
             ensure_topics(self.config.bus, self.bootstrap, names=topics.TELEMETRY + ("deadletter",))
@@ -283,7 +284,6 @@ class Agent:
     def _start_metrics(self) -> None:
         from prometheus_client import Counter, Gauge
 
-        from faultlens.metrics import MetricsServer, ServiceMetrics
 
         self.metrics = ServiceMetrics("agent")
         r = self.metrics.registry

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlens.collectors.follow import KERNEL_FILES, JournalReader, KmsgReader
 from faultlens.collectors.nvml import COUNTERS, PynvmlBackend
 from faultlens.errors import FaultlensError, NoData
 
@@ -70,7 +71,6 @@ def check_nvml(backend: Any = None, reads: int = 3) -> Finding:
 
 def check_kernel_log(kernel_follow: str = "auto") -> Finding:
     """Which kernel log the agent would follow, opened as the agent opens it."""
-    from faultlens.collectors.follow import KERNEL_FILES, JournalReader, KmsgReader
 
     tried = []
     if kernel_follow in ("auto", "kmsg"):

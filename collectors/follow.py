@@ -10,7 +10,7 @@
   plus dictionary lines that start with a space), from the device (one record
   per read, non-blocking) or from a recorded file in that format.
 * ``JournalReader()`` runs ``journalctl -k -f -o json`` and turns each entry
-  into a syslog-style line (collectors.kernel.parse_journal_entry).
+  into a syslog-style line (collectors.kernel_text.parse_journal_entry).
 
 Each has ``poll() -> list[str]`` (never blocks), ``fileno()`` (a descriptor that
 becomes readable when there is something to read, or None) and ``close()``. The
@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from faultlens.collectors.kernel import parse_journal_entry
-from faultlens.collectors.sources import RESCAN_S, FollowedSource
+from faultlens.collectors.kernel_text import parse_journal_entry
 from faultlens.errors import NoData, SourceError
 
 READ_CHUNK = 1 << 20
+RESCAN_S = 5.0  # how often a follower looks for new/rotated files (a glob is a directory listing)
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is cut (counted in long_lines)
 _HAS_MAGIC = re.compile(r"[*?\[]")
 
@@ -533,6 +533,86 @@ KERNEL_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 RECORD_QUIET_S = 0.1
 
 
+
+class FollowedSource:
+    """A source that follows files (or kmsg/journal) and hands new lines to ``feed``."""
+
+    name = ""
+
+    def __init__(self, agent: Any, options: dict[str, Any]):
+        self.agent = agent
+        self.options = options
+        self.follower: Any = None
+
+    def open_reader(self, positions: dict[str, Any]) -> tuple[Any, str] | None:
+        """The follower and a description of what it follows; None when nothing is configured."""
+        pattern = self.options.get("glob") or ""
+        if not pattern:
+            self.agent.set_state(self.name, "off", "no glob configured")
+            return None
+
+        f = FileFollower(pattern, from_end=self.agent.from_end, rescan_interval_s=RESCAN_S)
+        f.restore(positions)
+        return f, pattern
+
+    def start(self, positions: dict[str, Any]) -> None:
+        try:
+            opened = self.open_reader(positions)
+        except NoData as exc:
+            self.agent.set_state(self.name, "no_data", str(exc))
+            return
+        if opened is not None:
+            self.follower, detail = opened
+            self.agent.set_state(self.name, "ok", f"following {detail}")
+
+    def poll(self, now: float) -> None:
+        f = self.follower
+        if f is None:
+            return
+        try:
+            lines = f.poll()
+        except (SourceError, OSError) as exc:
+            self.agent.set_state(self.name, "error", str(exc))
+            return
+        if getattr(f, "last_error", None):
+            self.agent.set_state(self.name, "error", f.last_error)
+            f.last_error = None
+        elif self.agent.health[self.name].state == "error":
+            self.agent.set_state(self.name, "ok")
+        if lines:
+            self.agent.success(self.name, lines=len(lines), records=self.feed(lines, now), now=now)
+        else:
+            self.idle(now)
+
+    def fileno(self) -> int | None:
+        """A descriptor readable when the follower has something new (the agent's loop blocks on it)."""
+        fileno = getattr(self.follower, "fileno", None)
+        return fileno() if fileno is not None else None
+
+    def feed(self, lines: list[str], now: float) -> int:
+        """Turn new lines into records and emit them; returns how many were emitted."""
+        raise NotImplementedError
+
+    def idle(self, now: float) -> None:
+        """Nothing new this tick."""
+
+    def holding(self) -> bool:
+        return False
+
+    def positions(self) -> dict[str, Any] | None:
+        state = getattr(self.follower, "state", None)  # files have positions; kmsg and the journal do not
+        return state() if callable(state) else None
+
+    def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
+
+
+
+
 class LogSource(FollowedSource):
     """A followed log parsed by a kernel/NCCL parser (``feed_many``, ``finish``, ``kinds``)."""
 
@@ -619,20 +699,3 @@ def boot_time() -> float | None:
     except OSError:
         return None
     return None
-
-
-def kernel_log_source(agent: Any, options: dict[str, Any]) -> KernelLogSource:
-    """The agent's ``kernel`` source (options: ``path`` overrides ``agent.kernel_follow``)."""
-    from faultlens.collectors.kernel import KernelParser
-    from faultlens.schema import KernelEvent
-
-    return KernelLogSource(agent, options, "kernel", KernelParser(agent.node, boot_time=boot_time()), KernelEvent)
-
-
-def nccl_log_source(agent: Any, options: dict[str, Any]) -> LogSource:
-    """The agent's ``nccl`` source (options: ``glob`` overrides ``agent.nccl_glob``)."""
-    from faultlens.collectors.nccl import NcclParser
-    from faultlens.schema import NcclEvent
-
-    opts = {"glob": agent.config.agent.nccl_glob, **options}
-    return LogSource(agent, opts, "nccl", NcclParser(agent.node, job=agent.job), NcclEvent)

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from faultlens import schema
+from faultlens.collectors.batch import read_job
 from faultlens.collectors.sources import AgentServices, Source, SourceBase, register_source
 from faultlens.errors import SchemaError
 
@@ -63,8 +65,6 @@ class JobFileSource(SourceBase):
             self.publish()
 
     def publish(self) -> None:
-        from faultlens import schema
-        from faultlens.collectors.batch import read_job
 
         try:
             topo = read_job(Path(self.path))

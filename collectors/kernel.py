@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
+from faultlens.collectors.follow import KernelLogSource, boot_time
 from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, parse_journal_entry: public here too)
     _FACILITIES,
     _KMSG_LEVELS,
@@ -62,6 +63,7 @@ from faultlens.collectors.patterns import (
     hot_regex,
     load_kind_table,
 )
+from faultlens.collectors.sources import AgentServices, Source, register_source
 from faultlens.collectors.unparsed import to_int
 from faultlens.schema import KernelEvent
 
@@ -528,14 +530,12 @@ class KernelParser(FastPathParser):
         )
 
 
-from faultlens.collectors.sources import AgentServices, Source, register_source  # noqa: E402 - the agent's source registry
 
 
 def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
-    """The agent's ``kernel`` source: the kernel log followed (collectors/follow.py), parsed here."""
-    from faultlens.collectors.follow import kernel_log_source
-
-    return kernel_log_source(agent, options)
+    """The agent's ``kernel`` source: the kernel log followed (collectors/follow.py; options: ``path``
+    overrides ``agent.kernel_follow``), parsed here."""
+    return KernelLogSource(agent, options, "kernel", KernelParser(agent.node, boot_time=boot_time()), KernelEvent)
 
 
 register_source("kernel", _agent_source)

@@ -20,7 +20,9 @@ from typing import Any
 
 from faultlens.collectors.container_logs import unwrap_container
 from faultlens.collectors.fastpath import FastPathParser, blank_lines
+from faultlens.collectors.follow import LogSource
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
+from faultlens.collectors.sources import AgentServices, Source, register_source
 from faultlens.collectors.unparsed import to_int
 from faultlens.schema import NcclEvent
 
@@ -359,14 +361,13 @@ class NcclParser(FastPathParser):
         )
 
 
-from faultlens.collectors.sources import AgentServices, Source, register_source  # noqa: E402 - the agent's source registry
 
 
 def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
-    """The agent's ``nccl`` source: NCCL/torch logs followed (collectors/follow.py), parsed here."""
-    from faultlens.collectors.follow import nccl_log_source
-
-    return nccl_log_source(agent, options)
+    """The agent's ``nccl`` source: NCCL/torch logs followed (collectors/follow.py; options: ``glob``
+    overrides ``agent.nccl_glob``), parsed here."""
+    opts = {"glob": agent.config.agent.nccl_glob, **options}
+    return LogSource(agent, opts, "nccl", NcclParser(agent.node, job=agent.job), NcclEvent)
 
 
 register_source("nccl", _agent_source)

@@ -20,10 +20,11 @@ import threading
 import time
 from typing import Any
 
+from faultlens.collectors.kernel import normalize_pci
 from faultlens.collectors.nvml_backend import NvmlEvent
 from faultlens.collectors.sources import register_source
 from faultlens.errors import FaultlensError, NoData, SourceError
-from faultlens.schema import GpuState
+from faultlens.schema import GpuSample, GpuState, KernelEvent
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +398,6 @@ class NvmlSource:
             self._sample()
 
     def _sample(self) -> None:
-        from faultlens.schema import GpuSample
 
         agent = self.agent
         try:
@@ -413,7 +413,6 @@ class NvmlSource:
         agent.set_state("nvml", "ok", f"{len(gpus)} GPUs" + (f", lost: {lost}" if lost else ""))
         agent.success("nvml", records=1)
         if not agent.gpu_map:
-            from faultlens.collectors.kernel import normalize_pci
 
             agent.gpu_map.update({normalize_pci(g.pci_bus): g.index for g in gpus if g.pci_bus})
 
@@ -430,8 +429,6 @@ class NvmlSource:
 
     def on_event(self, ev: NvmlEvent) -> None:
         """An NVML event becomes a kernel record (as the driver's own line would) and a prompt sample."""
-        from faultlens.collectors.kernel import normalize_pci
-        from faultlens.schema import KernelEvent
 
         pci = normalize_pci(ev.pci_bus) if ev.pci_bus else None
         if ev.kind == "xid":

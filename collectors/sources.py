@@ -20,12 +20,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from faultlens.errors import ConfigError, NoData, SourceError
+from faultlens.errors import ConfigError
 
 if TYPE_CHECKING:
     from faultlens.config import Config
-
-RESCAN_S = 5.0  # how often a follower looks for new/rotated files (a glob is a directory listing)
 
 
 class AgentServices(Protocol):
@@ -111,88 +109,10 @@ class SourceBase:
         pass
 
 
-class FollowedSource:
-    """A source that follows files (or kmsg/journal) and hands new lines to ``feed``."""
-
-    name = ""
-
-    def __init__(self, agent: Any, options: dict[str, Any]):
-        self.agent = agent
-        self.options = options
-        self.follower: Any = None
-
-    def open_reader(self, positions: dict[str, Any]) -> tuple[Any, str] | None:
-        """The follower and a description of what it follows; None when nothing is configured."""
-        pattern = self.options.get("glob") or ""
-        if not pattern:
-            self.agent.set_state(self.name, "off", "no glob configured")
-            return None
-        from faultlens.collectors.follow import FileFollower
-
-        f = FileFollower(pattern, from_end=self.agent.from_end, rescan_interval_s=RESCAN_S)
-        f.restore(positions)
-        return f, pattern
-
-    def start(self, positions: dict[str, Any]) -> None:
-        try:
-            opened = self.open_reader(positions)
-        except NoData as exc:
-            self.agent.set_state(self.name, "no_data", str(exc))
-            return
-        if opened is not None:
-            self.follower, detail = opened
-            self.agent.set_state(self.name, "ok", f"following {detail}")
-
-    def poll(self, now: float) -> None:
-        f = self.follower
-        if f is None:
-            return
-        try:
-            lines = f.poll()
-        except (SourceError, OSError) as exc:
-            self.agent.set_state(self.name, "error", str(exc))
-            return
-        if getattr(f, "last_error", None):
-            self.agent.set_state(self.name, "error", f.last_error)
-            f.last_error = None
-        elif self.agent.health[self.name].state == "error":
-            self.agent.set_state(self.name, "ok")
-        if lines:
-            self.agent.success(self.name, lines=len(lines), records=self.feed(lines, now), now=now)
-        else:
-            self.idle(now)
-
-    def fileno(self) -> int | None:
-        """A descriptor readable when the follower has something new (the agent's loop blocks on it)."""
-        fileno = getattr(self.follower, "fileno", None)
-        return fileno() if fileno is not None else None
-
-    def feed(self, lines: list[str], now: float) -> int:
-        """Turn new lines into records and emit them; returns how many were emitted."""
-        raise NotImplementedError
-
-    def idle(self, now: float) -> None:
-        """Nothing new this tick."""
-
-    def holding(self) -> bool:
-        return False
-
-    def positions(self) -> dict[str, Any] | None:
-        state = getattr(self.follower, "state", None)  # files have positions; kmsg and the journal do not
-        return state() if callable(state) else None
-
-    def drain(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.follower is not None:
-            self.follower.close()
-
 
 #: Builds a source for one agent; ``options`` are the caller's overrides (a backend, a path).
 SourceFactory = Callable[[AgentServices, dict[str, Any]], Source]
 _REGISTRY: dict[str, SourceFactory] = {}
-
 
 def register_source(name: str, factory: SourceFactory) -> None:
     """Make ``name`` available to ``agent.sources``; a collector module calls this at import."""

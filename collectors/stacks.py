@@ -22,9 +22,13 @@ from typing import Any
 
 import orjson
 
+from faultlens import schema
 from faultlens.collectors import flight_recorder
 from faultlens.collectors.sources import register_source
+from faultlens.errors import BusError, SchemaError
 from faultlens.schema import StackDump
+from faultlens.stream import topics
+from faultlens.stream.bus import Consumer
 from faultlens.stream.signing import Keyring, Unverified, verifier_warning
 
 log = logging.getLogger(__name__)
@@ -173,8 +177,6 @@ class StacksSource:
         pass
 
     def _loop(self) -> None:
-        from faultlens.errors import BusError
-        from faultlens.stream.bus import Consumer
 
         agent = self.agent
         stop = agent.stop_event
@@ -214,8 +216,6 @@ class StacksSource:
 
     def on_command(self, value: bytes) -> None:
         """Answer one ``commands`` message if it asks this node for stacks (once per command id)."""
-        from faultlens import schema
-        from faultlens.errors import SchemaError
 
         agent = self.agent
         refused = command_refusal(self.keyring, value)
@@ -247,8 +247,6 @@ class StacksSource:
 
     def _dead_letter(self, value: bytes, refused: Unverified) -> None:
         """A command that does not verify: not carried out, kept on the deadletter topic, counted."""
-        from faultlens import schema
-        from faultlens.stream import topics
 
         agent = self.agent
         topic = topics.topic("commands", agent.config.bus.topic_prefix)

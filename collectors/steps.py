@@ -23,9 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from faultlens import schema
 from faultlens.collectors.container_logs import unwrap_container  # standard library only
-from faultlens.collectors.sources import FollowedSource, register_source  # standard library only
+from faultlens.collectors.follow import FollowedSource
+from faultlens.collectors.sources import register_source
 from faultlens.collectors.unparsed import to_int  # standard library only
+from faultlens.errors import SchemaError
+from faultlens.schema import StepTiming
+from faultlens.stream import topics
 
 try:  # import-light: orjson only when present
     import orjson as _orjson
@@ -330,9 +335,6 @@ class StepsSource(FollowedSource):
     def feed(self, lines: list[str], now: float) -> int:
         import orjson
 
-        from faultlens import schema
-        from faultlens.errors import SchemaError
-        from faultlens.stream import topics
 
         agent = self.agent
         records: list[Any] = []
@@ -367,7 +369,6 @@ class StepsSource(FollowedSource):
         return len(records)
 
     def _from_log(self, f: dict[str, Any]) -> Any:
-        from faultlens.schema import StepTiming
 
         dur = step_fields_duration(f)
         step = f.get("iteration", f.get("step", f.get("global_step")))

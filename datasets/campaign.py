@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.datasets.campaign_render import Decision, SliceLayout
+from faultlens.datasets.campaign_render import Decision, SliceLayout, decide, decide_online
+from faultlens.datasets.faults import FAULTS
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 from faultlens.vocabulary import ActionType, FaultKind, IncidentKind
 
 A = ActionType
@@ -84,7 +86,6 @@ class Cost:
 
 def load_mix(path: str | Path | None = None, kinds: Iterable[str] | None = None) -> dict[str, FailureKind]:
     """failure_mix.toml -> kind -> FailureKind; ``kinds`` keeps only those (a ValueError names unknown ones)."""
-    from faultlens.datasets.faults import FAULTS
 
     p = Path(path) if path else MIX_PATH
     raw = tomllib.loads(p.read_text())
@@ -606,7 +607,6 @@ def decide_all(spec: CampaignSpec, mix: Mapping[str, FailureKind], keys: Sequenc
 
     ``keep``: when given, the rendered records of each key are kept there (for the bus check).
     """
-    from faultlens.datasets.campaign_render import decide
 
     layout = spec.slice_layout()
     out: dict[tuple[str, int], Decision] = {}
@@ -678,8 +678,6 @@ def bus_check(kept: Mapping[tuple[str, int], Any], n: int,
               progress: Callable[[str], None] | None = None) -> list[tuple[Decision, Decision]]:
     """Send ``n`` rendered failures (one per kind, the common ones first) through the embedded broker
     to the online DiagnosisService; returns (batch decision, bus decision) pairs."""
-    from faultlens.datasets.campaign_render import decide_online
-    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     order = [k for k in BUS_FIRST if any(kk == k for kk, _ in kept)]
     order += sorted({k for k, _ in kept} - set(order))

@@ -31,13 +31,18 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
+from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
-from faultlens.config import Config
+from faultlens.config import BusConfig, Config, DiagnosisConfig
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.diagnosis.adaptation import shape_from_finding, speeds_from_finding
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
-from faultlens.schema import Action, Command, Incident, StackDump
+from faultlens.diagnosis.online import DiagnosisService
+from faultlens.models.planner import AdaptationPlanner
+from faultlens.schema import Action, Command, Finding, Incident, StackDump
+from faultlens.stream.bus import Consumer, Producer, ensure_topics
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType
 
@@ -166,10 +171,6 @@ def replan_on_job(action: Action, slice_topology: Any, job_dp: int, config: Conf
     the plan dict (options with ``ratio_to_healthy`` and ``pause_s``) or None when the action
     carries no finding to re-plan from.
     """
-    from faultlens.diagnosis.adaptation import shape_from_finding, speeds_from_finding
-    from faultlens.models.planner import AdaptationPlanner
-    from faultlens.schema import Finding
-    from faultlens.stream.topology import Topology
 
     ev = next((e for e in action.evidence if (e.get("figures") or {}).get("slowdown") is not None
                or (e.get("figures") or {}).get("speeds")), None)
@@ -245,10 +246,6 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
     engine's dump_stacks command, as an agent would. Returns the bus decision (``path="bus"``)."""
     from dataclasses import replace
 
-    from faultlens import schema
-    from faultlens.config import BusConfig, DiagnosisConfig
-    from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream.bus import Consumer, Producer, ensure_topics
 
     batch = rendered.decision
     job = rendered.job

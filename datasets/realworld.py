@@ -16,6 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from faultlens.diagnosis.classify import most_significant
+from faultlens.diagnosis.explain import explain_lines
 from faultlens.vocabulary import Category, LineAction, Severity
 
 CORPUS_DIR = Path(__file__).parent / "conformance"
@@ -79,8 +81,6 @@ def load(directory: Path | str | None = None) -> list[dict]:
 
 def verdict(text: str) -> Verdict:
     """faultlens's verdict on one line or block: the most significant line of ``explain``."""
-    from faultlens.diagnosis.classify import most_significant
-    from faultlens.diagnosis.explain import explain_lines
 
     lines = text.split("\n")
     got = [e.c for e in explain_lines(lines) if e.c.rule != "empty"]

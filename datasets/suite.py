@@ -25,6 +25,8 @@ import orjson
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import FAULTS, SCENARIO_KINDS
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.steptime import CostModel
+from faultlens.datasets.workload import WorkloadSpec
 from faultlens.vocabulary import FaultKind
 
 # Faults per 10^6 GPU-hours. Llama 3 (papers.md 3.9): faulty GPU 6.97 (split between a GPU off the bus,
@@ -65,8 +67,6 @@ HELDOUT_SIZES = (3, 5, 6)
 def _family_spec(family: str, rng: np.random.Generator, spec: ScenarioSpec) -> ScenarioSpec:
     from dataclasses import replace
 
-    from faultlens.datasets.steptime import CostModel
-    from faultlens.datasets.workload import WorkloadSpec
 
     if family == "train":
         return replace(spec, kernel_format=("dmesg", "iso")[int(rng.integers(0, 2))])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from faultlens.diagnosis import classify
+from faultlens.diagnosis.classify import ClassifyContext
 from faultlens.schema import Finding
 from faultlens.stream.topology import Topology
 
@@ -29,6 +31,7 @@ class Detector(Protocol):
 def default_detectors() -> list[Detector]:
     """The models/ detectors that are installed (fail-slow, peer comparison); empty when none are."""
     out: list[Detector] = []
+    # models/ needs numpy, which only the [server] extra installs: without it, no detector
     try:
         from faultlens.models.failslow import FailSlowDetector
 
@@ -45,18 +48,10 @@ def default_detectors() -> list[Detector]:
 
 
 def new_classify_context() -> Any:
-    """One classify context per engine (None when diagnosis.classify is absent)."""
-    try:
-        from faultlens.diagnosis.classify import ClassifyContext
-    except ImportError:
-        return None
+    """One classify context per engine."""
     return ClassifyContext()
 
 
 def load_classify() -> Any:
-    """diagnosis.classify.to_finding when that module is present (log-line meaning), else None."""
-    try:
-        from faultlens.diagnosis import classify
-    except ImportError:
-        return None
-    return getattr(classify, "to_finding", None)
+    """diagnosis.classify.to_finding: a log line's meaning as a finding."""
+    return classify.to_finding

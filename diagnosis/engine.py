@@ -28,9 +28,11 @@ from typing import Any
 import msgspec
 
 from faultlens import flightrec
+from faultlens.collectors.signatures import classify
 from faultlens.config import Config
 from faultlens.decode import GpuColumns
 from faultlens.diagnosis import hangroot
+from faultlens.diagnosis.decision import Decision, Hold
 from faultlens.diagnosis.detectors import (
     Detector,
     default_detectors,
@@ -48,8 +50,6 @@ from faultlens.diagnosis.nanloss import NanWatch, rank_named_in
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.notes import NOTE, attach_pending, file_note
 from faultlens.diagnosis.policy import (
-    Decision,
-    Hold,
     Policy,
     SignalMatcher,
     load_policy,
@@ -852,7 +852,6 @@ _JOBWIDE_HOLD = "jobwide_hold"  # IncidentState.pending while a node's incident 
 def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
     """The signature catalog has an entry for this line and it says there is nothing to act on (explain's
     info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""
-    from faultlens.collectors.signatures import classify
 
     c = classify(record)  # stateless: a repeat that escalates already gave a finding
     return c.rule is not None and (c.benign or c.category == "none")

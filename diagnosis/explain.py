@@ -24,11 +24,13 @@ from faultlens.collectors.stacks import looks_like_pyspy
 from faultlens.collectors.steps import StepLogParser, step_fields_duration
 from faultlens.collectors.unparsed import LONG_LINE, MAX_LINE_BYTES, clip, reason_of, too_long
 from faultlens.diagnosis.classify import (
+    UNRECOGNISED,
     Classification,
     ClassifyContext,
     catalogs,
     classify,
     classify_nvsmi,
+    most_significant,
 )
 from faultlens.schema import KernelEvent, StepTiming
 from faultlens.vocabulary import Category
@@ -363,7 +365,6 @@ def score_real_logs(directory: str) -> dict:
     import json
     from pathlib import Path
 
-    from faultlens.diagnosis.classify import UNRECOGNISED, most_significant
 
     rows = []
     total_lines = unrecognised = 0

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from faultlens.config import GuardConfig
+from faultlens.diagnosis.decision import Decision
 from faultlens.diagnosis.guardlog import GuardLog
-from faultlens.diagnosis.policy import Decision
 from faultlens.vocabulary import ActionType
 
 NODE_TARGETED = frozenset({ActionType.EVICT_NODES, ActionType.RUN_DIAGNOSTICS})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlens.diagnosis.bursts import Burst, BurstGrouper
+from faultlens.diagnosis.decision import Decision
 from faultlens.diagnosis.inhibit import Cause, Inhibitor
 from faultlens.schema import Incident
 from faultlens.vocabulary import INCIDENT_CATEGORY, INCIDENT_TITLE, LineAction
@@ -136,7 +137,6 @@ class IncidentState:
     def from_dict(cls, d: dict[str, Any]) -> IncidentState:
         notify = d.get("notify")
         if notify is not None:
-            from faultlens.diagnosis.policy import Decision  # policy imports this module
 
             notify = Decision(notify["type"], tuple(notify["nodes"]), notify["reason"], float(notify["confidence"]),
                               notify.get("plan"), bool(notify.get("blame", True)))

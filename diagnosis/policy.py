@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlens.diagnosis.decision import Decision
 from faultlens.diagnosis.incidents import OpenIncident, Signal
 from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
@@ -69,23 +70,6 @@ class Route:
     repeat: int = 1
     window_s: float = 300.0
     min_rank_fraction: float = 0.5
-
-
-@dataclass(frozen=True)
-class Decision:
-    type: str  # one of ACTION_TYPES
-    nodes: tuple[str, ...]
-    reason: str
-    confidence: float
-    plan: dict[str, Any] | None = None
-    blame: bool = True  # False: the nodes are checked, not blamed (a whole job's machines after NaN loss)
-
-
-@dataclass(frozen=True)
-class Hold:
-    """No decision yet, and why (shown on the incident): the engine asks again on a later tick."""
-
-    reason: str
 
 
 @dataclass

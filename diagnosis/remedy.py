@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from faultlens.config import Config
+from faultlens.diagnosis.adaptation import choose_remediation
+from faultlens.diagnosis.decision import Decision, Hold
 from faultlens.diagnosis.incidents import OpenIncident
 from faultlens.diagnosis.nanloss import NanWatch
-from faultlens.diagnosis.policy import Decision, Hold, Policy
+from faultlens.diagnosis.policy import Policy
 from faultlens.schema import Finding
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType, FaultKind, IncidentKind, LineAction
@@ -60,7 +62,6 @@ def adapt_or_evict(inc: OpenIncident, decision: Decision, *, topology: Topology 
             return decision
         return Hold(f"confirming the slowdown against the job's steps ({waited:.0f}/"
                     f"{config.adaptation.confirm_wait_s:.0f} s) before choosing eviction or adaptation")
-    from faultlens.diagnosis.adaptation import choose_remediation
 
     finding = Finding(ts=float(measured.get("ts", now)), kind=FaultKind.FAIL_SLOW, category=inc.category,
                       severity="critical", action=LineAction.EVICT_NODE, confidence=decision.confidence,

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from faultlens.decode import _column_spans
 from faultlens.errors import CatalogError
 from faultlens.schema import Finding, GpuSample, GpuState
 from faultlens.vocabulary import Category, LineAction, Severity, values
@@ -175,7 +176,6 @@ class CounterRules:
         spans = self._spans.get(layout)
         data = columns.data
         if spans is None:
-            from faultlens.decode import _column_spans
 
             where = _column_spans(columns.cols, columns.n)
             merged: list[list[int]] = []

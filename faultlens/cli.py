@@ -15,6 +15,7 @@ import sys
 
 from faultlens import __version__, logsafe
 from faultlens.config import load_config
+from faultlens.decode import TimeBounds, set_time_bounds
 from faultlens.errors import FaultlensError
 
 COMMANDS = {
@@ -129,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides=args.overrides, flags={"bus.bootstrap_servers": args.bootstrap_servers})
         logsafe.register_secrets(config.secrets())
-        from faultlens.decode import TimeBounds, set_time_bounds
-
         set_time_bounds(TimeBounds.from_config(config))  # every decoder of this process: [time] bounds
         return int(module.run(args, config) or 0)
     except FaultlensError as exc:

@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from faultlens import schema
 from faultlens.errors import LakeError
 from faultlens.models.classifier import HEALTHY, window_label
-from faultlens.models.features import FEATURES, WindowFeatures
+from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
 from faultlens.schema import StepTiming
+from faultlens.stream.catalog import sql_literal
 from faultlens.stream.topology import Topology
 
 
@@ -158,13 +160,11 @@ def lake_rows(lake: Path, *, window_s: float) -> Any:
     """Rows around every labelled incident in the lake."""
     import duckdb
 
-    from faultlens import schema
 
     def table(name: str) -> str:
         files = list((lake / name).glob("**/*.parquet"))
         if not files:
             raise LakeError(f"{lake}: no Parquet files for table {name}")
-        from faultlens.stream.catalog import sql_literal
 
         glob = sql_literal(f"{lake / name}/**/*.parquet")
         return f"read_parquet({glob}, hive_partitioning=true, union_by_name=true)"
@@ -258,7 +258,6 @@ def evaluate(model: Any, rows: Any) -> dict[str, Any]:
 
 def write_model_card(path: Path, model: Any, metrics: dict[str, Any] | None) -> Path:
     """MODEL_CARD.md beside the model: data, features, held-out metrics, latency and limits."""
-    from faultlens.models.features import FEATURE_SET_VERSION
 
     meta = model.metadata
     prm = model.params

@@ -74,6 +74,7 @@ from faultlens.config import Config
 from faultlens.errors import BusError, LakeError
 from faultlens.stream import catalog as catalog_mod
 from faultlens.stream import decode_arrow, topics
+from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.bus.lake_fetchers import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.dedupe import SeqLedger, parse_seq
 from faultlens.stream.lake import LakeWriter
@@ -275,7 +276,6 @@ class StreamProcessor:
         self._stop.set()
 
     def _connect(self) -> None:
-        from faultlens.stream.bus import Producer, ensure_topics
 
         ensure_topics(self.bus, self.bootstrap)
         self.fetcher_backend = choose_backend(self.fetcher_backend, self.bootstrap)

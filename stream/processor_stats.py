@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from faultlens import schema
+from faultlens.metrics import ServiceMetrics
 
 
 class ProcessorStats:
@@ -37,7 +38,6 @@ class ProcessorStats:
         # shipped alert rules use), registered on the given registry.
         self._prom = None
         if registry is not None:
-            from faultlens.metrics import ServiceMetrics
 
             self._prom = registry if isinstance(registry, ServiceMetrics) else ServiceMetrics("stream", registry)
 

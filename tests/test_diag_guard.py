@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from faultlens.cli import main
 from faultlens.config import Config, GuardConfig
+from faultlens.diagnosis.decision import Decision
 from faultlens.diagnosis.engine import DiagnosisEngine, run_records
 from faultlens.diagnosis.guard import job_level
 from faultlens.diagnosis.guardlog import GuardBook, LocalGuardLog, new_event
-from faultlens.diagnosis.policy import Decision
 from faultlens.schema import Action, Incident, JobTopology, KernelEvent
 from faultlens.stream.topology import Topology
 

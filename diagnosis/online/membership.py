@@ -72,6 +72,7 @@ from faultlens.stream.bus import (
     ensure_topics,
     is_embedded,
 )
+from faultlens.stream.bus.librdkafka_consumer import AssignedConsumer
 from faultlens.stream.bus.replay_log import ReplayLog, topic_partitions
 from faultlens.stream.signing import Keyring, Unverified
 
@@ -375,7 +376,6 @@ class MemberConsumer:
         self.listener = listener
         self._consumer: Any
         if backend == "confluent":
-            from faultlens.stream.bus.librdkafka_consumer import AssignedConsumer
 
             self._consumer = AssignedConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap,
                                               fetch_max_wait_ms=fetch_max_wait_ms)

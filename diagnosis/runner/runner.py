@@ -60,9 +60,11 @@ from faultlens.diagnosis.runner.adapter_base import (
 from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.errors import BusError, ConfigError, LakeError, SchemaError
-from faultlens.metrics import ServiceMetrics
+from faultlens.metrics import ServiceMetrics, observe_consumer_lag
 from faultlens.schema import Action, ActionStatus, DeadLetter
 from faultlens.stream import topics
+from faultlens.stream.bus import Consumer, Producer, ensure_topics
+from faultlens.stream.bus.consume_loop import ConsumeLoop
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, Unverified, verifier_warning
 from faultlens.vocabulary import ActionType
 
@@ -341,9 +343,6 @@ class ActionRunner:
 
         One ``ConsumeLoop``: a batch's statuses are flushed before its offsets are committed; a
         re-delivered action (a commit lost to a crash or a rebalance) is recognised by the ledger."""
-        from faultlens.metrics import observe_consumer_lag
-        from faultlens.stream.bus import Consumer, Producer, ensure_topics
-        from faultlens.stream.bus.consume_loop import ConsumeLoop
 
         bus = self.config.bus
         try:

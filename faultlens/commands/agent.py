@@ -9,6 +9,9 @@ import threading
 from typing import Any
 
 from faultlens.argtypes import positive_float
+from faultlens.collectors.agent import Agent
+from faultlens.collectors.check import check_node, render
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
 HELP = ("Run the node agent: sample NVML, follow the kernel log (/dev/kmsg, journalctl or a file), NCCL and "
         "step logs, answer dump_stacks commands with py-spy, and produce everything to Kafka through a bounded "
@@ -38,7 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Any) -> int:
     import logging
 
-    from faultlens.collectors.agent import Agent
 
     # kafka-python logs every failed reconnect; the agent reports the bus state itself (health, /metrics)
     if logging.getLogger().level > logging.DEBUG:
@@ -55,7 +57,6 @@ def run(args: argparse.Namespace, config: Any) -> int:
     changes["sources"] = sources
     config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, **changes))
     if args.check:
-        from faultlens.collectors.check import check_node, render
 
         findings = check_node(args.kernel_log or config.agent.kernel_follow, nvml="nvml" in sources)
         print(render(findings))
@@ -63,7 +64,6 @@ def run(args: argparse.Namespace, config: Any) -> int:
     bootstrap = config.bus.bootstrap_servers or None
     broker = None
     if not bootstrap:
-        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.argtypes import positive_float, positive_int
+from faultlens.cli import command_name
 from faultlens.config import Config, DiagnosisConfig
+from faultlens.datasets.live import DEMO_FAULTS, demo_fleet
+from faultlens.stream.bus import Consumer, ensure_topics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
+from faultlens.stream.signing import Ed25519Key, new_key, public_path, write_key
+from faultlens.supervise import Supervisor
 
 HELP = __doc__.split("\n\n")[0].split(": ", 1)[1] if __doc__ else "run the demo"
 EXAMPLE = "faultlens demo --nodes 16 --speed 20 --workdir demo-run"
@@ -63,7 +69,6 @@ SIMULATED_LEAD_S = 86_400.0  # how far ahead of the wall clock a simulated timel
 def demo_key(workdir: Path) -> Path:
     """The run's private signing key (made once per work directory, with its public FILE.pub):
     diagnosis signs with it; the runner and agents get only the .pub (``service_env``)."""
-    from faultlens.stream.signing import Ed25519Key, new_key, public_path, write_key
 
     path = workdir / "signing-key.toml"
     if not path.exists() or not public_path(path).exists():
@@ -195,10 +200,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     import orjson
     from rich.console import Console
 
-    from faultlens.datasets.live import DEMO_FAULTS, demo_fleet
-    from faultlens.stream.bus import Consumer, ensure_topics
-    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
-    from faultlens.supervise import Supervisor
 
     console = Console()
     if args.log_level == "WARNING":  # the default: kafka-python's event-loop timing warnings are not the user's
@@ -273,8 +274,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
         sup.stop()
         if broker is not None:
             broker.stop()
-        from faultlens.cli import command_name
-
         console.print(f"lake kept at {esc(workdir / 'lake')}; explore it again with: "
                       f"{esc(command_name())} ui --lake {esc(workdir / 'lake')}")
     return 0

@@ -12,8 +12,17 @@ from typing import Any
 import orjson
 
 from faultlens.argtypes import positive_float
+from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
+from faultlens.diagnosis.batch import diagnose_records
+from faultlens.diagnosis.engine import default_detectors
+from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.online import DiagnosisService
 from faultlens.errors import ConfigError
+from faultlens.metrics import MetricsServer, ServiceMetrics
+from faultlens.schema import cloudevent
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
+from faultlens.ui.report import render_batch_report
 
 HELP = "diagnose a batch input directory (incidents.jsonl, actions.jsonl, report.md) or run online from Kafka"
 EXAMPLE = "faultlens diagnose ./run-dir --out ./diag      # batch\n  faultlens diagnose                            # online"
@@ -30,7 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_detectors(spec: str) -> list[Any]:
-    from faultlens.diagnosis.engine import default_detectors
 
     if spec in ("", "none"):
         return []
@@ -50,14 +58,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.dir:
         return _batch(Path(args.dir), Path(args.out) if args.out else Path(args.dir) / "diagnosis", config, detectors,
                       args.node_health)
-    from faultlens.diagnosis.nodehealth import NodeHealth
-    from faultlens.diagnosis.online import DiagnosisService
-    from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
     health = NodeHealth(args.node_health or config.diagnosis.catalog_path)
     metrics = server = None
     if config.diagnosis.metrics_port:
-        from faultlens.metrics import MetricsServer, ServiceMetrics
 
         metrics = ServiceMetrics("diagnosis")
         server = MetricsServer(metrics.registry, config.diagnosis.metrics_port, host=config.diagnosis.metrics_host)
@@ -94,10 +98,6 @@ def read_dir(path: Path, progress: Any = None) -> tuple[Any, list[Any]]:
 
 
 def _read_batch(path: Path, progress: Any = None) -> Any:
-    try:
-        from faultlens.collectors.batch import read_batch_dir
-    except ImportError as exc:
-        raise ConfigError(f"the batch reader (collectors/batch.py) is not installed: {exc}") from None
     return read_batch_dir(path, progress=progress)
 
 
@@ -113,10 +113,6 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from faultlens.diagnosis.batch import diagnose_records
-    from faultlens.diagnosis.nodehealth import NodeHealth
-    from faultlens.schema import cloudevent
-    from faultlens.ui.report import render_batch_report
 
     console = Console(stderr=True)
     if not path.is_dir():

@@ -7,6 +7,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from faultlens.collectors.unparsed import SNIFF_BYTES, read_lines, sniff_binary
+from faultlens.diagnosis.explain import explain_lines
+
 HELP = ("Classify every line of raw logs (kernel/dmesg/journal, NCCL/torch.distributed, py-spy stacks, "
         "Megatron/DeepSpeed/torchtitan step logs; auto-detected per file) and print what it means and the "
         "recommended action. Lines nothing recognises are listed as category 'unknown', never dropped.")
@@ -32,7 +35,6 @@ def _open(name: str) -> Any:
 
 def _sniff(fh: Any) -> str | None:
     """Why the file is not text (collectors.unparsed.sniff_binary), without consuming it."""
-    from faultlens.collectors.unparsed import SNIFF_BYTES, sniff_binary
 
     peek = getattr(fh, "peek", None)
     head = peek(SNIFF_BYTES)[:SNIFF_BYTES] if peek is not None else b""
@@ -42,8 +44,6 @@ def _sniff(fh: Any) -> str | None:
 def run(args: argparse.Namespace, config: Any) -> int:
     import orjson
 
-    from faultlens.collectors.unparsed import read_lines
-    from faultlens.diagnosis.explain import explain_lines
 
     if not args.files:
         if sys.stdin is None or sys.stdin.isatty():

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from faultlens.config import Config
+from faultlens.diagnosis.guardlog import KafkaGuardLog, LocalGuardLog
 from faultlens.errors import ConfigError
 
 HELP = (
@@ -39,7 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def open_log(config: Config, state_path: str | None) -> Any:
     """The guard log a person acts on: the topic when a bus is configured, else the file."""
-    from faultlens.diagnosis.guardlog import KafkaGuardLog, LocalGuardLog
 
     path = state_path if state_path is not None else config.guard.state_path
     if config.bus.bootstrap_servers:

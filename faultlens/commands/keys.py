@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from faultlens.config import Config
+from faultlens.errors import ConfigError
+from faultlens.stream.signing import Ed25519Key, new_key, public_path, write_key
 
 HELP = (
     "Make a signing key pair for actions and agent commands (Ed25519, stream/signing.py). Diagnosis signs "
@@ -37,8 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     from pathlib import Path
 
-    from faultlens.errors import ConfigError
-    from faultlens.stream.signing import Ed25519Key, new_key, public_path, write_key
 
     purposes = [p.strip() for p in args.purposes.split(",") if p.strip()]
     if args.key_type == "hmac" and args.pub_out:

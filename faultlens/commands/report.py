@@ -8,6 +8,8 @@ from pathlib import Path
 
 from faultlens.config import Config
 from faultlens.errors import ConfigError
+from faultlens.ui import views
+from faultlens.ui.report import _ts, parse_time, render_report
 
 HELP = (
     "Render the root-cause report of a job over a time range from the lake: a summary per incident "
@@ -29,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from faultlens.ui import views
-    from faultlens.ui.report import _ts, parse_time, render_report
 
     lake = Path(args.lake or config.lake.path)
     if not lake.is_dir():

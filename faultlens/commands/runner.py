@@ -10,6 +10,9 @@ import threading
 
 from faultlens.argtypes import positive_float
 from faultlens.config import Config
+from faultlens.diagnosis.runner.adapters import ADAPTERS
+from faultlens.diagnosis.runner.runner import ActionRunner
+from faultlens.metrics import MetricsServer, ServiceMetrics
 
 HELP = (
     "Consume remediation actions and execute them through an adapter: dry-run (default, logs only), "
@@ -23,7 +26,6 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from faultlens.diagnosis.runner.adapters import ADAPTERS
 
     keep = argparse.SUPPRESS  # not given: the configuration decides
     p.add_argument("--adapter", choices=sorted(ADAPTERS), default=keep,
@@ -35,8 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=positive_float, default=None, help="stop after this many seconds (none: until stopped)")
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    from faultlens.diagnosis.runner.runner import ActionRunner
-    from faultlens.metrics import MetricsServer, ServiceMetrics
 
     changes = {k: getattr(args, k) for k in ("adapter", "execute", "state_path", "metrics_port") if hasattr(args, k)}
     config = dataclasses.replace(config, runner=dataclasses.replace(config.runner, **changes))

@@ -15,6 +15,27 @@ import time
 from typing import Any
 
 from faultlens.argtypes import non_negative_float, positive_float, positive_int
+from faultlens.datasets.campaign import CampaignSpec, load_costs, load_mix, run_campaign
+from faultlens.datasets.campaign_report import (
+    cost_table_text,
+    summary,
+    text_tables,
+    write_html,
+    write_png,
+)
+from faultlens.datasets.cluster import ClusterSpec
+from faultlens.datasets.faults import SCENARIO_KINDS
+from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_segments
+from faultlens.datasets.scenario import (
+    DEFAULT_START_TS,
+    FaultSpec,
+    Scenario,
+    ScenarioSpec,
+    write_batch_dir,
+)
+from faultlens.datasets.suite import long_run_spec, write_suite
+from faultlens.errors import ConfigError
+from faultlens.stream.bus import ensure_topics
 
 HELP = "simulated training cluster with fault injection and ground truth (batch directories, suites)"
 EXAMPLE = ("faultlens simulate scenario --fault gpu_lost --nodes 4 --duration 600 --seed 1 --out runs/gpu_lost\n"
@@ -25,7 +46,6 @@ EXAMPLE = ("faultlens simulate scenario --fault gpu_lost --nodes 4 --duration 60
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
-    from faultlens.datasets.faults import SCENARIO_KINDS
 
     sc = sub.add_parser("scenario", help="one scenario -> batch directory + truth.json",
                         description="Write one simulated run as a batch directory (docs/design.md, Batch directory) with truth.json.",
@@ -103,22 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scenario(args: argparse.Namespace) -> int:
-    from faultlens.datasets.cluster import ClusterSpec
-    from faultlens.datasets.scenario import (
-        DEFAULT_START_TS,
-        FaultSpec,
-        Scenario,
-        ScenarioSpec,
-        write_batch_dir,
-    )
-    from faultlens.datasets.suite import long_run_spec
 
     try:
         cluster = ClusterSpec.for_nodes(args.nodes, args.gpus_per_node, tp=args.tp, pp=args.pp, cp=args.cp,
                                         order=args.order, microbatches=args.microbatches)
     except (ValueError, StopIteration) as exc:
-        from faultlens.errors import ConfigError
-
         raise ConfigError(f"bad cluster layout: {exc}", key="--nodes/--tp/--pp/--cp") from None
     start = DEFAULT_START_TS if args.start_ts is None else args.start_ts
     if args.long_run:
@@ -146,7 +155,6 @@ def _scenario(args: argparse.Namespace) -> int:
 def _suite(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from faultlens.datasets.suite import write_suite
 
     with Progress() as progress:
         task = progress.add_task("scenarios", total=args.n)
@@ -164,8 +172,6 @@ def _live(args: argparse.Namespace, config: Any) -> int:
     import signal
     import threading
 
-    from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_segments
-    from faultlens.stream.bus import ensure_topics
 
     bootstrap = config.bus.bootstrap_servers or None
     if not bootstrap:
@@ -192,15 +198,6 @@ def _campaign(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from faultlens.datasets.campaign import CampaignSpec, load_costs, load_mix, run_campaign
-    from faultlens.datasets.campaign_report import (
-        cost_table_text,
-        summary,
-        text_tables,
-        write_html,
-        write_png,
-    )
-    from faultlens.errors import ConfigError
 
     costs = load_costs()
     if args.costs:

@@ -10,6 +10,10 @@ from typing import Any
 
 from faultlens.argtypes import non_negative_float, positive_float, positive_int
 from faultlens.config import Config
+from faultlens.metrics import MetricsServer, ServiceMetrics
+from faultlens.stream.bus.embedded_broker import EmbeddedBroker
+from faultlens.stream.compaction import compact_lake
+from faultlens.stream.processor import ProcessorStats, StreamProcessor
 
 HELP = (
     "Consume the faultlens topics as one member of a consumer group and write them to the "
@@ -37,25 +41,21 @@ def run(args: argparse.Namespace, config: Config) -> int:
     lake_path = args.lake or config.lake.path
     catalog_path = args.catalog or config.lake.catalog_path
     if args.compact:
-        from faultlens.stream.compaction import compact_lake
 
         report = compact_lake(lake_path, min_age_s=args.compact_min_age_s)
         print(f"compacted {report.files_in} files into {report.files_out} in {report.partitions} table hours")
         return 0
 
-    from faultlens.stream.processor import ProcessorStats, StreamProcessor
 
     broker = None
     bootstrap = config.bus.bootstrap_servers
     if not bootstrap:
-        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         bootstrap = broker.bootstrap
         print(f"no bootstrap servers configured: started an embedded broker at {bootstrap} (memory only)", file=sys.stderr)
     metrics = server = None
     if config.lake.metrics_port:
-        from faultlens.metrics import MetricsServer, ServiceMetrics
 
         metrics = ServiceMetrics("stream")
         server = MetricsServer(metrics.registry, config.lake.metrics_port, host=config.lake.metrics_host)

@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.argtypes import positive_float, positive_int
+from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.errors import FaultlensError, ModelError
+from faultlens.models.classifier import FaultClassifier
 
 # Reading the lake, evaluation and the model card live with the training code
 # (models/training.py); re-exported here for callers of this module.
-from faultlens.models.training import evaluate, lake_rows, write_model_card  # noqa: F401
+from faultlens.models.training import Rows, evaluate, lake_rows, scenario_rows, write_model_card  # noqa: F401
+from faultlens.stream.topology import Topology
 
 HELP = "train the fault classifier on simulator suites (truth.json) or labelled incidents from the lake"
 EXAMPLE = ("faultlens simulate suite --n 40 --seed 1 --out suite1 && "
@@ -69,12 +72,7 @@ def read_scenario(path: Path) -> tuple[list[Any], Any, dict[str, Any]]:
     dmesg boot times, untimed NCCL lines; estimates are marked
     ``fields["ts_estimated"]``), so its records are taken as they come.
     """
-    from faultlens.stream.topology import Topology
 
-    try:
-        from faultlens.collectors.batch import read_batch_dir
-    except ImportError as exc:
-        raise ModelError("reading batch directories needs faultlens.collectors.batch (not built yet)") from exc
     truth = json.loads((path / "truth.json").read_text())
     topology = Topology.from_job(json.loads((path / "job.json").read_text()))
     records = list(read_batch_dir(path).records())
@@ -82,7 +80,6 @@ def read_scenario(path: Path) -> tuple[list[Any], Any, dict[str, Any]]:
 
 
 def suite_rows(root: Path, *, window_s: float, seed: int, progress: Any = None) -> Any:
-    from faultlens.models.training import Rows, scenario_rows
 
     rows = Rows()
     dirs = batch_dirs(root)
@@ -102,8 +99,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from faultlens.models.classifier import FaultClassifier
-    from faultlens.models.training import Rows
 
     console = Console(stderr=True)
     if not args.suite and not args.from_lake:

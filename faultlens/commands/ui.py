@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from faultlens import ui
 from faultlens.config import Config
 from faultlens.errors import ConfigError
+from faultlens.ui.lake import is_lake
 
 HELP = (
     "Serve the incident explorer (Streamlit) over a Parquet lake: overview, incident detail with evidence, "
@@ -27,7 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def streamlit_argv(lake: Path, host: str, port: int) -> list[str]:
     """The command line that serves the explorer (also used by tests and the demo)."""
-    from faultlens import ui
 
     app = Path(ui.__file__).resolve().parent / "app.py"
     return [
@@ -47,7 +48,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
     lake = Path(args.lake or config.lake.path).resolve()
     if not lake.is_dir():
         raise ConfigError(f"lake directory {lake} does not exist")
-    from faultlens.ui.lake import is_lake
 
     if not is_lake(lake) and any(lake.iterdir()):  # an empty directory is a lake before its first commit
         raise ConfigError(f"{lake} is not a lake: no table directory (incidents/, steps/, gpu/, ...) in it")

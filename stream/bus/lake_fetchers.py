@@ -30,6 +30,7 @@ import msgspec
 from faultlens.config import BusConfig
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream import topics
+from faultlens.stream.bus import Consumer, client_kwargs, is_embedded
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def choose_backend(backend: str, bootstrap: str) -> str:
     whose path carries the embedded broker's restart handling (stream/bus/__init__.py)."""
     if backend != "auto":
         return backend
-    from faultlens.stream.bus import is_embedded
 
     if is_embedded(bootstrap):
         return "kafka"
@@ -101,7 +101,6 @@ class KafkaPythonFetcher:
                  overrides: dict[str, Any] | None = None, on_reset: OnReset | None = None):
         from kafka import ConsumerRebalanceListener
 
-        from faultlens.stream.bus import Consumer
 
         fetcher = self
         self._on_reset = on_reset
@@ -203,7 +202,6 @@ class _Record(msgspec.Struct, frozen=True, gc=False):
 
 def confluent_settings(bus: BusConfig, bootstrap: str | None, check_crcs: bool) -> dict[str, Any]:
     """librdkafka settings equivalent to stream/bus/__init__.py's kafka-python ones."""
-    from faultlens.stream.bus import client_kwargs, is_embedded
 
     kw = client_kwargs(bus, bootstrap)
     servers = ",".join(kw["bootstrap_servers"])

@@ -42,8 +42,9 @@ from typing import Any
 from faultlens.config import BusConfig
 from faultlens.errors import BusError, ConfigError
 from faultlens.stream import topics
-from faultlens.stream.bus import Message, is_embedded
+from faultlens.stream.bus import Consumer, Message, is_embedded
 from faultlens.stream.bus.lake_fetchers import confluent_settings
+from faultlens.stream.bus.librdkafka_producer import confluent_available
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,6 @@ def consumer_backend(backend: str, bus: BusConfig, bootstrap: str | None) -> str
         raise ConfigError(f"diagnosis consumer {backend!r} not in {('auto', *CONSUMERS)}")
     if backend != "auto":
         return backend
-    from faultlens.stream.bus.librdkafka_producer import confluent_available
 
     servers = bootstrap or bus.bootstrap_servers or ""
     return "confluent" if confluent_available() and not is_embedded(servers) else "kafka"
@@ -250,7 +250,6 @@ def group_consumer(bus: BusConfig, kinds: list[str], *, backend: str, group_id: 
     if consumer_backend(backend, bus, bootstrap) == "confluent":
         return CooperativeConsumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, listener=listener,
                                    fetch_max_wait_ms=fetch_max_wait_ms, instance_id=instance_id)
-    from faultlens.stream.bus import Consumer
 
     extra: dict[str, Any] = {"group_instance_id": instance_id} if instance_id else {}
     return Consumer(bus, kinds, group_id=group_id, bootstrap=bootstrap, from_beginning=True, listener=listener,

@@ -1,0 +1,348 @@
+"""Per-job diagnosis state: one engine per job, checkpointed to a changelog topic keyed by job.
+
+The Kafka Streams / Quix Streams state-store pattern, by hand: the state of
+the jobs of repartition partition *p* lives in changelog partition *p* (same
+partition count), one message per job key, the newest wins. A checkpoint of a
+job holds:
+
+* the engine's dynamic state (``DYNAMIC``: incident book, bursts, inhibition,
+  guard history, counters, detectors' baselines, step history...), never its
+  static parts (``STATIC``: configuration, catalogs, the node-health store);
+* ``next_offset``: the repartition offset after the last record applied, so a
+  restore skips records the checkpoint already reflects;
+* ``sources``: the last source offset per (kind, source key), so a record the
+  repartitioner forwarded twice is applied once;
+* ``outbox``: outputs decided but maybe not yet on the bus; a restored owner
+  sends them again (same ids: the runner's ledger and the incident key make
+  that harmless), so an action decided just before a crash is never lost.
+
+Each checkpoint round ends with a marker (key ``~mark``) per partition: the
+offset from which a new owner replays. Keys checkpointed in a round that did
+not finish are newer than the marker and skip what they already hold.
+
+A checkpoint is a versioned MessagePack document (msgspec, zlib-compressed;
+docs/schemas.md, "Diagnosis checkpoints"): ``{"format": "faultlens.checkpoint", "version": 2,
+"key", "next_offset", "sources", "outbox", "topology", "engine": {part: ...}}``,
+each dynamic part written by diagnosis/online/codec.py, which builds only plain
+data and instances of faultlens's own classes. Nothing read back from the
+changelog is ever unpickled: a checkpoint or marker that does not read (another
+version, garbage, a null, an old pickle) is refused with ``CheckpointError`` and
+that job (or partition marker) starts afresh; the service counts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import orjson
+
+from faultlens.config import Config
+from faultlens.diagnosis.engine import DiagnosisEngine
+from faultlens.diagnosis.online import codec
+from faultlens.errors import BusError, FaultlensError
+from faultlens.stream import topics
+from faultlens.stream.bus import ensure_topics
+from faultlens.stream.bus.replay_log import ReplayLog
+
+log = logging.getLogger(__name__)
+
+FORMAT = "faultlens.checkpoint"
+VERSION = 2  # 1 was a pickle: never read again
+MARK_VERSION = 1
+MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024  # a checkpoint inflating past this is refused (a zlib bomb)
+_MSGPACK = msgspec.msgpack.Encoder()
+
+
+class CheckpointError(FaultlensError):
+    """A checkpoint or marker that does not read: the job (or partition) starts afresh."""
+MARK_KEY = "~mark"
+# The engine's attributes, split: what a checkpoint carries and what a new owner builds itself.
+# A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
+# and closures are rebuilt by the new owner, its per-GPU memory is carried).
+STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
+                    "counters", "guard_log", "on_suppressed", "routed_job",  # routed_job: set from the job's key by EngineFactory
+                    "hang_dwell_s"})  # hang_dwell_s: set by the service before each tick
+DYNAMIC = ("book", "counters._gpus", "counters._present", "counters._runs", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
+           "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
+
+GPU_MEMORY = "counters._gpus"
+# Parts a checkpoint written before they existed lacks: read as empty (counters._runs: no steady run).
+OPTIONAL: dict[str, Callable[[], Any]] = {"counters._runs": dict}
+
+
+def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
+    """Engine attributes that are neither STATIC nor DYNAMIC (a test keeps this empty)."""
+    return set(vars(engine)) - STATIC - {d.split(".", 1)[0] for d in DYNAMIC}
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set(obj: Any, dotted: str, value: Any) -> None:
+    *head, last = dotted.split(".")
+    for part in head:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+@dataclass
+class JobState:
+    """One job's engine and its bookkeeping on one instance."""
+
+    key: str
+    partition: int
+    engine: DiagnosisEngine
+    next_offset: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+    outbox: list[Any] = field(default_factory=list)
+    dirty: bool = False
+    topology: bytes | None = None  # the topology message last applied (a repeat is skipped)
+
+    def seen(self, kind: str, source_key: str, source_offset: int) -> bool:
+        """True when this (kind, source key) record was applied already; else remember it."""
+        k = f"{kind}/{source_key}"
+        if source_offset <= self.sources.get(k, -1):
+            return True
+        self.sources[k] = source_offset
+        return False
+
+
+# References from the dynamic state to static parts (a bound method of the node-health store):
+# cut before a checkpoint is written, re-made on restore from the new owner's own parts.
+STATIC_REFS: dict[str, Callable[[DiagnosisEngine], Any]] = {
+    "book.prior_blames": lambda e: e.node_health.prior_blames if e.node_health is not None else None,
+}
+
+
+def snapshot(state: JobState) -> bytes:
+    """A job's checkpoint value (see the module docstring)."""
+    engine = state.engine
+    cut = {name: _get(engine, name) for name in STATIC_REFS}
+    for name in cut:
+        _set(engine, name, None)
+    try:
+        body = {"format": FORMAT, "version": VERSION, "key": state.key, "next_offset": state.next_offset,
+                "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
+                "topology": codec.encode(state.topology, "topology"),
+                "engine": {name: _encode_part(engine, name) for name in DYNAMIC}}
+        raw = _MSGPACK.encode(body)
+    finally:
+        for name, value in cut.items():
+            _set(engine, name, value)
+    return zlib.compress(raw, 1)
+
+
+def _encode_part(engine: DiagnosisEngine, name: str) -> Any:
+    if name == GPU_MEMORY:  # thousands of GPUs: plain rows, a steady node's reused (rules.CounterRules.memory_rows)
+        return {"$gpumem": engine.counters.memory_rows()}
+    return codec.encode(_get(engine, name), name)
+
+
+def _decode_part(engine: DiagnosisEngine, name: str, part: Any) -> Any:
+    if name == GPU_MEMORY and isinstance(part, dict) and "$gpumem" in part:
+        try:
+            return engine.counters.load_memory_rows(part["$gpumem"])
+        except (ValueError, TypeError, msgspec.ValidationError) as exc:
+            raise codec.CodecError(f"{name}: {exc}") from None
+    return codec.decode(part)  # the generic form (checkpoints written before the rows)
+
+
+def _inflate(value: bytes) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        raw = d.decompress(value, MAX_CHECKPOINT_BYTES)
+    except zlib.error as exc:
+        raise CheckpointError(f"not a compressed checkpoint: {exc}") from None
+    if d.unconsumed_tail:
+        raise CheckpointError(f"checkpoint inflates past {MAX_CHECKPOINT_BYTES} bytes")
+    return raw
+
+
+def read_body(value: bytes | None) -> dict[str, Any]:
+    """A checkpoint value -> its document, checked for format and version; CheckpointError if it is none."""
+    if not value:
+        raise CheckpointError("null or empty checkpoint")
+    try:
+        body = msgspec.msgpack.decode(_inflate(value))  # untyped: builtins only, whatever the bytes
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CheckpointError(f"not a checkpoint document (an old pickle, or garbage): {exc}") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise CheckpointError("not a faultlens checkpoint document")
+    if body.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint version {body.get('version')!r} is not {VERSION}")
+    if type(body.get("next_offset")) is not int or body["next_offset"] < 0 or not isinstance(body.get("key"), str):
+        raise CheckpointError("checkpoint without a key or a next offset")
+    sources = body.get("sources")
+    if not isinstance(sources, dict) or not all(type(v) is int for v in sources.values()):
+        raise CheckpointError("checkpoint sources are not offsets")
+    if not isinstance(body.get("engine"), dict):
+        raise CheckpointError("checkpoint without engine state")
+    return body
+
+
+def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
+    body = read_body(value)
+    parts = body["engine"]
+    if set(parts) | OPTIONAL.keys() != set(DYNAMIC) | OPTIONAL.keys():
+        raise CheckpointError(f"checkpoint parts {sorted(parts)} are not {sorted(DYNAMIC)}")
+    for name, empty in OPTIONAL.items():
+        parts.setdefault(name, codec.encode(empty()))
+    try:
+        decoded = {name: _decode_part(engine, name, part) for name, part in parts.items()}
+        body["outbox"] = codec.decode(body.get("outbox"))
+        body["topology"] = codec.decode(body.get("topology"))
+    except codec.CodecError as exc:
+        raise CheckpointError(str(exc)) from None
+    if not isinstance(body["outbox"], list) or not isinstance(body["topology"], (bytes, type(None))):
+        raise CheckpointError("checkpoint outbox or topology of the wrong type")
+    for name, part in decoded.items():
+        _set(engine, name, part)
+    for name, remake in STATIC_REFS.items():
+        _set(engine, name, remake(engine))
+    return body
+
+
+def restore(value: bytes, partition: int, make_engine: Callable[[str], DiagnosisEngine], key: str = "") -> JobState:
+    """Rebuild a JobState from its checkpoint: a fresh engine with the dynamic state put back.
+
+    CheckpointError when the value is no checkpoint this version wrote (the caller starts the job afresh)."""
+    engine = make_engine(key)
+    body = _load_into(engine, value)
+    return JobState(key=body["key"], partition=partition, engine=engine, next_offset=body["next_offset"],
+                    sources=body["sources"], outbox=list(body["outbox"]), topology=body.get("topology"))
+
+
+class EngineFactory:
+    """New engines for jobs, cheaply: one prototype is built (catalogs parsed once, ~30 ms), and
+    each job's engine shares its static parts and starts from the prototype's blank dynamic state.
+
+    Building a full engine per job would parse the catalogs again for every job a rebalance
+    hands over, holding the service's thread (and its group heartbeats' interpreter time) for
+    seconds."""
+
+    def __init__(self, build: Callable[[], DiagnosisEngine]):
+        self._proto = build()
+        blank = JobState("", -1, self._proto)
+        self._blank = snapshot(blank)
+
+    def __call__(self, key: str = "") -> DiagnosisEngine:
+        import copy
+
+        engine = copy.copy(self._proto)
+        engine.counters = self._proto.counters.fork()  # static rules, its own per-GPU memory
+        _load_into(engine, self._blank)
+        # The repartitioner routes a node's records to its job's key only once a topology named
+        # the node there: that job is the honest answer for a node this engine has no topology
+        # for (its state came back from a changelog a broker lost), never "unknown".
+        engine.routed_job = key if key and key != "unknown" and not key.startswith("~") else None  # "~nodes/<p>": no job
+        return engine
+
+
+def mark_value(next_offset: int, stream_time: float) -> bytes:
+    return orjson.dumps({"version": MARK_VERSION, "next_offset": next_offset, "stream_time": stream_time,
+                         "wall": time.time()})
+
+
+def read_mark(value: bytes | None) -> dict[str, Any]:
+    """A marker value -> ``{"next_offset": int, "stream_time": float}``; CheckpointError when it is none."""
+    if not value:
+        raise CheckpointError("null or empty marker")
+    try:
+        mark = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise CheckpointError(f"marker is not JSON: {exc}") from None
+    if not isinstance(mark, dict) or mark.get("version", MARK_VERSION) != MARK_VERSION:
+        raise CheckpointError("not a marker of this version")
+    nxt, st = mark.get("next_offset"), mark.get("stream_time", 0.0)
+    if type(nxt) is not int or nxt < 0 or type(st) not in (int, float) or not math.isfinite(st):
+        raise CheckpointError(f"marker with next_offset={nxt!r} stream_time={st!r}")
+    return {"next_offset": nxt, "stream_time": float(st)}
+
+
+@dataclass
+class Restored:
+    """What a changelog partition held: the newest checkpoint per key and the last marker."""
+
+    values: dict[str, bytes]
+    mark: dict[str, Any] | None
+    records_read: int
+    seconds: float
+    offsets: dict[str, int] = field(default_factory=dict)  # key -> changelog offset of its value
+    bad_marks: list[tuple[int, str]] = field(default_factory=list)  # (offset, why) of markers that did not read
+
+
+class ChangelogReader:
+    """Reads changelog partitions to their end (the restore on assignment), with one client for
+    the life of the instance: a new client per restore would re-bootstrap the cluster metadata
+    each time, and on Tansu that churn keeps the instance's other groups re-joining.
+
+    The broker may not compact (Tansu does not): then a restore reads every checkpoint ever
+    written to the partition, and the newest per key wins all the same."""
+
+    def __init__(self, config: Config, bootstrap: str | None):
+        self.name = topics.topic("diag-changelog", config.bus.topic_prefix)
+        self._bus, self._bootstrap = config.bus, bootstrap
+        self._log = ReplayLog(config.bus, bootstrap, self.name, fetch_max_bytes=64 * 1024 * 1024,
+                              max_partition_fetch_bytes=32 * 1024 * 1024)
+
+    def read(self, partition: int, *, timeout_s: float = 60.0) -> Restored:
+        return self.read_many([partition], timeout_s=timeout_s)[partition]
+
+    def read_many(self, partitions: list[int], *, timeout_s: float = 60.0) -> dict[int, Restored]:
+        """Several partitions in one pass (one assignment, fetches of all of them together): the
+        partitions of a join or a failover come back together, not one restore after another."""
+        started = time.monotonic()
+        c = self._log
+        values: dict[int, dict[str, bytes]] = {p: {} for p in partitions}
+        offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
+        bad_marks: dict[int, list[tuple[int, str]]] = {p: [] for p in partitions}
+        marks: dict[int, dict[str, Any] | None] = dict.fromkeys(partitions)
+        n = dict.fromkeys(partitions, 0)
+        try:
+            known = c.known_partitions()
+            missing = [p for p in partitions if p not in known]
+            if missing:
+                # No such topic on the broker (a memory-only broker restarted without it): nothing
+                # to restore, and asking its offsets would only wait out the client's timeout. The
+                # topics are made again so that this instance's checkpoints have somewhere to go.
+                log.warning("%s has no partition %s on the broker: nothing to restore", self.name, missing)
+                ensure_topics(self._bus, self._bootstrap)
+            tps = [p for p in partitions if p in known]
+            c.assign(tps)
+            ends = c.end_offsets(tps) if tps else {}
+            while tps and any(c.position(tp) < ends[tp] for tp in tps):
+                if time.monotonic() - started > timeout_s:
+                    behind = ", ".join(f"[{tp}] {c.position(tp)}/{ends[tp]}" for tp in tps)
+                    raise BusError(f"restoring {self.name} took over {timeout_s:.0f} s (read: {behind})")
+                for m in c.poll(500, 5000):
+                    p = m.partition
+                    n[p] += 1
+                    key = m.key.decode("utf-8", "replace") if m.key else ""
+                    if key == MARK_KEY:
+                        try:
+                            marks[p] = read_mark(m.value)  # the newest marker that reads wins
+                        except CheckpointError as exc:
+                            bad_marks[p].append((m.offset, str(exc)))
+                    elif m.value is None:
+                        values[p].pop(key, None)  # a tombstone: that job starts afresh
+                        offsets[p].pop(key, None)
+                    else:
+                        values[p][key] = m.value
+                        offsets[p][key] = m.offset
+        except BusError as exc:
+            raise BusError(f"restoring {self.name}{sorted(partitions)} failed: {exc}") from exc
+        took = time.monotonic() - started
+        return {p: Restored(values[p], marks[p], n[p], took, offsets[p], bad_marks[p]) for p in partitions}
+
+    def close(self) -> None:
+        self._log.close()

@@ -1,0 +1,1 @@
+"""The command layer: one module per ``faultlens`` subcommand, each ``add_parser`` and ``run``."""
