@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from faultlens.collectors.fastpath import FastPathParser, blank_lines
+from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
 from faultlens.collectors.follow import KernelLogSource, boot_time
 from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, parse_journal_entry: public here too)
     _FACILITIES,
@@ -110,7 +110,7 @@ class KernelParser(FastPathParser):
     syslog timestamps, which have none. ``gpu_map`` maps a normalised PCI bus
     (``0000:3b:00``) to the GPU index, from NVML or a config table.
 
-    ``feed_many(lines)`` is the fast path for bulk and live input (collectors/fastpath.py):
+    ``feed_many(lines)`` is the fast path for bulk and live input (collectors/ordinary_lines.py):
     a line with none of the catalog's words (one Aho-Corasick scan per chunk) is held back unparsed; held lines
     are settled as ordinary (kind ``other``, counted, never built) unless a later
     line continues their record, in which case that record is parsed in full. The
