@@ -42,8 +42,8 @@ from typing import Any
 
 from faultlens import decode as decoder
 from faultlens import schema
-from faultlens.collectors.follow import KmsgReader
 from faultlens.collectors.kernel import KernelParser
+from faultlens.collectors.kernel_follow import KmsgReader
 from faultlens.collectors.nvml import PynvmlBackend
 from faultlens.collectors.signatures import classify, classify_nvsmi
 from faultlens.errors import FaultlensError

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.collectors.follow import KERNEL_FILES, JournalReader, KmsgReader
+from faultlens.collectors.kernel_follow import KERNEL_FILES, JournalReader, KmsgReader
 from faultlens.collectors.nvml import COUNTERS, PynvmlBackend
 from faultlens.errors import FaultlensError, NoData
 

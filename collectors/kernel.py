@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
-from faultlens.collectors.follow import KernelLogSource, boot_time
+from faultlens.collectors.kernel_follow import KernelLogSource, boot_time
 from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, parse_journal_entry: public here too)
     _FACILITIES,
     _KMSG_LEVELS,
@@ -56,6 +55,7 @@ from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, pa
     normalize_pci,
     parse_journal_entry,
 )
+from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
 from faultlens.collectors.patterns import (
     CATALOGS,
     MATCH_LIMIT,

@@ -19,8 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 from faultlens.collectors.container_logs import unwrap_container
-from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
 from faultlens.collectors.follow import LogSource
+from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
 from faultlens.collectors.sources import AgentServices, Source, register_source
 from faultlens.collectors.unparsed import to_int

@@ -15,8 +15,9 @@ import pytest
 
 from faultlens import schema
 from faultlens.collectors.agent import Agent
-from faultlens.collectors.follow import FileFollower, KmsgReader
+from faultlens.collectors.follow import FileFollower
 from faultlens.collectors.kernel import KernelParser
+from faultlens.collectors.kernel_follow import KmsgReader
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.stream.bus import Consumer, ensure_topics
 

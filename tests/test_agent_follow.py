@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.collectors.follow import FileFollower, JournalReader, KmsgReader
+from faultlens.collectors.follow import FileFollower
 from faultlens.collectors.kernel import KernelParser
+from faultlens.collectors.kernel_follow import JournalReader, KmsgReader
 from faultlens.errors import NoData, SourceError
 from tests.conftest import FIXTURES
 

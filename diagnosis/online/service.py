@@ -44,8 +44,8 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
+from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
 from faultlens.diagnosis.online.restorer import BackgroundRestorer
 from faultlens.diagnosis.online.state import (
