@@ -41,10 +41,8 @@ from typing import Any
 
 from faultlens import schema
 from faultlens.collectors.follow import RECORD_QUIET_S
-from faultlens.collectors.kernel import kernel_kinds
-from faultlens.collectors.nccl import nccl_kinds
 from faultlens.collectors.signatures import is_ordinary
-from faultlens.collectors.sources import Source, source_factory
+from faultlens.collectors.sources import Source, log_parsers, source_factory
 from faultlens.collectors.spool import Delivery, Entry, Spool
 from faultlens.config import Config
 from faultlens.decode import encode_wire, time_bounds
@@ -74,7 +72,7 @@ _SHORTHANDS = {"nvml_backend": ("nvml", "backend"), "kernel_source": ("kernel", 
 def _recognised_kinds() -> frozenset[str]:
     """Kernel and NCCL record kinds the catalogs name (``[[kind]]``): fault lines, sent at once."""
 
-    return frozenset(k.name for t in (kernel_kinds(), nccl_kinds()) for k in t.kinds)
+    return frozenset(k.name for p in log_parsers() for k in p.kinds().kinds)
 
 
 @dataclass

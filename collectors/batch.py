@@ -73,8 +73,7 @@ from typing import Any
 import orjson
 
 from faultlens import decode, flightrec, schema
-from faultlens.collectors.kernel import KernelParser
-from faultlens.collectors.nccl import NcclParser
+from faultlens.collectors.sources import log_parser
 from faultlens.collectors.unparsed import (
     LONG_LINE,
     MAX_LINE_BYTES,
@@ -370,12 +369,12 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         out.clocks[node] = clock
         node_nccl: list[NcclEvent] = []
         for f in log_files[1 if has_kernel else 0:]:
-            np_ = NcclParser(node, job=job_id, year=clock.year, default_ts=math.nan)
+            np_ = log_parser("nccl").make(node, job=job_id, year=clock.year, default_ts=math.nan)
             recs_n = list(guarded_parse(np_, _text_lines(f, bad), str(f), log, errors))
             node_nccl.extend(_guarded_anchor(_anchor_nccl, (recs_n, clock), recs_n, f, bad))
         out.nccl.extend(node_nccl)
         if has_kernel:
-            kp = KernelParser(node, year=clock.year, gpu_map=gpu_map)
+            kp = log_parser("kernel").make(node, year=clock.year, gpu_map=gpu_map)
             recs = list(guarded_parse(kp, _text_lines(k, bad), str(k), log, errors))
             out.kernel.extend(_guarded_anchor(_anchor_kernel, (recs, clock, samples, node_nccl), recs, k, bad))
         tick("logs")

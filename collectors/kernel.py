@@ -63,7 +63,13 @@ from faultlens.collectors.patterns import (
     hot_regex,
     load_kind_table,
 )
-from faultlens.collectors.sources import AgentServices, Source, register_source
+from faultlens.collectors.sources import (
+    AgentServices,
+    LogParser,
+    Source,
+    register_log_parser,
+    register_source,
+)
 from faultlens.collectors.unparsed import to_int
 from faultlens.schema import KernelEvent
 
@@ -530,8 +536,6 @@ class KernelParser(FastPathParser):
         )
 
 
-
-
 def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
     """The agent's ``kernel`` source: the kernel log followed (collectors/follow.py; options: ``path``
     overrides ``agent.kernel_follow``), parsed here."""
@@ -539,3 +543,12 @@ def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
 
 
 register_source("kernel", _agent_source)
+
+
+def _make_parser(node: str = "", *, year: int | None = None, gpu_map: Mapping[str, int] | None = None,
+                 boot_time: float | None = None, extra_hot: Iterable[str] = (), **_: Any) -> KernelParser:
+    return KernelParser(node, year=year, gpu_map=gpu_map, boot_time=boot_time, extra_hot=extra_hot)
+
+
+register_log_parser(LogParser("kernel", _make_parser, kernel_kinds, ("kernel.log",)))
+

@@ -22,7 +22,13 @@ from faultlens.collectors.container_logs import unwrap_container
 from faultlens.collectors.follow import LogSource
 from faultlens.collectors.ordinary_lines import FastPathParser, blank_lines
 from faultlens.collectors.patterns import CATALOGS, KindTable, hot_regex, load_kind_table
-from faultlens.collectors.sources import AgentServices, Source, register_source
+from faultlens.collectors.sources import (
+    AgentServices,
+    LogParser,
+    Source,
+    register_log_parser,
+    register_source,
+)
 from faultlens.collectors.unparsed import to_int
 from faultlens.schema import NcclEvent
 
@@ -371,3 +377,12 @@ def _agent_source(agent: AgentServices, options: dict[str, Any]) -> Source:
 
 
 register_source("nccl", _agent_source)
+
+
+def _make_parser(node: str = "", *, job: str | None = None, year: int | None = None, default_ts: float = 0.0,
+                 **_: Any) -> NcclParser:
+    return NcclParser(node, job=job, year=year, default_ts=default_ts)
+
+
+register_log_parser(LogParser("nccl", _make_parser, nccl_kinds, ("nccl/*.log",)))
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from faultlens.errors import ConfigError
@@ -109,24 +110,29 @@ class SourceBase:
         pass
 
 
-
 #: Builds a source for one agent; ``options`` are the caller's overrides (a backend, a path).
 SourceFactory = Callable[[AgentServices, dict[str, Any]], Source]
 _REGISTRY: dict[str, SourceFactory] = {}
+
 
 def register_source(name: str, factory: SourceFactory) -> None:
     """Make ``name`` available to ``agent.sources``; a collector module calls this at import."""
     _REGISTRY[name] = factory
 
 
+def _import_collector(name: str) -> None:
+    """Import ``faultlens.collectors.<name>`` so that it registers what it provides (absent: nothing)."""
+    try:
+        importlib.import_module(f"faultlens.collectors.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"faultlens.collectors.{name}":
+            raise
+
+
 def source_factory(name: str) -> SourceFactory:
     """The factory registered as ``name``, importing ``faultlens.collectors.<name>`` on first use."""
     if name not in _REGISTRY:
-        try:
-            importlib.import_module(f"faultlens.collectors.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"faultlens.collectors.{name}":
-                raise
+        _import_collector(name)
     if name not in _REGISTRY:
         raise ConfigError(f"agent.sources: unknown source {name!r} (registered: {', '.join(sorted(_REGISTRY))})")
     return _REGISTRY[name]
@@ -135,3 +141,45 @@ def source_factory(name: str) -> SourceFactory:
 def registered() -> list[str]:
     """Names registered so far (the built-in ones once their modules are imported)."""
     return sorted(_REGISTRY)
+
+
+# ---------------------------------------------------------------- text log parsers
+# The collectors that parse text logs (kernel, NCCL) register their parser too, so that the
+# agent (which kinds a catalog names), the batch reader (DIR/nodes/<node>/...) and
+# ``faultlens explain`` build parsers through here, never by importing a parser class.
+
+@dataclass(frozen=True)
+class LogParser:
+    """A registered text-log parser: ``make(node, **options)`` builds one (options: ``job``,
+    ``year``, ``gpu_map``, ``default_ts``, ``boot_time``, ``extra_hot``; a parser ignores what it
+    does not use); ``kinds()`` is its catalog's kind table; ``batch_files`` are the globs it reads
+    under a batch directory's ``nodes/<node>/``."""
+
+    name: str
+    make: Callable[..., Any]
+    kinds: Callable[[], Any]
+    batch_files: tuple[str, ...]
+
+
+_PARSERS: dict[str, LogParser] = {}
+#: The text-log families of the batch directory (DESIGN.md): each is a collector module.
+LOG_FAMILIES = ("kernel", "nccl")
+
+
+def register_log_parser(parser: LogParser) -> None:
+    """Make a text-log parser available by name; a collector module calls this at import."""
+    _PARSERS[parser.name] = parser
+
+
+def log_parser(name: str) -> LogParser:
+    """The parser registered as ``name``, importing ``faultlens.collectors.<name>`` on first use."""
+    if name not in _PARSERS:
+        _import_collector(name)
+    if name not in _PARSERS:
+        raise ConfigError(f"no text-log parser {name!r} (registered: {', '.join(sorted(_PARSERS))})")
+    return _PARSERS[name]
+
+
+def log_parsers(names: tuple[str, ...] = LOG_FAMILIES) -> list[LogParser]:
+    """The parsers of ``names`` (every text-log family by default)."""
+    return [log_parser(n) for n in names]

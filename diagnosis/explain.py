@@ -17,9 +17,8 @@ from typing import Any
 
 import orjson
 
-from faultlens.collectors.kernel import KernelParser
-from faultlens.collectors.nccl import NcclParser
 from faultlens.collectors.nvsmi_text import looks_like_nvsmi, normalize
+from faultlens.collectors.sources import log_parser
 from faultlens.collectors.stacks import looks_like_pyspy
 from faultlens.collectors.steps import StepLogParser, step_fields_duration
 from faultlens.collectors.unparsed import LONG_LINE, MAX_LINE_BYTES, clip, reason_of, too_long
@@ -293,11 +292,11 @@ def explain_lines(lines: Iterable[str], fmt: str | None = None, *, year: int | N
 
     fast = _ordinary_fast_path() if fmt == "kernel" else None
     if fast is not None:
-        yield from _parsed(KernelParser(year=year, extra_hot=fast[0]), all_lines(), "kernel", fast[1])
+        yield from _parsed(log_parser("kernel").make(year=year, extra_hot=fast[0]), all_lines(), "kernel", fast[1])
     elif fmt == "kernel":
-        yield from _parsed(KernelParser(year=year), all_lines(), "kernel", None)
+        yield from _parsed(log_parser("kernel").make(year=year), all_lines(), "kernel", None)
     elif fmt == "nccl":
-        yield from _parsed(NcclParser(year=year), all_lines(), "nccl", None)
+        yield from _parsed(log_parser("nccl").make(year=year), all_lines(), "nccl", None)
     elif fmt == "stack":
         for no, line in enumerate(all_lines(), 1):
             line = line.rstrip("\r\n")
