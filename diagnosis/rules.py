@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from faultlens.decode import _column_spans
 from faultlens.errors import CatalogError
+from faultlens.gpu_wire import column_spans
 from faultlens.schema import Finding, GpuSample, GpuState
 from faultlens.vocabulary import Category, LineAction, Severity, values
 
@@ -177,7 +177,7 @@ class CounterRules:
         data = columns.data
         if spans is None:
 
-            where = _column_spans(columns.cols, columns.n)
+            where = column_spans(columns.cols, columns.n)
             merged: list[list[int]] = []
             for a, b in sorted(where[f] for f in self._key_fields if f in where):
                 if merged and merged[-1][1] == a:

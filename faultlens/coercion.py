@@ -34,6 +34,8 @@ from typing import Any
 
 import msgspec
 
+from faultlens import schema
+
 ISSUE_VALUE_MAX = 200  # characters of a bad value kept in a FieldIssue
 _TABLE = tomllib.loads((Path(__file__).with_name("coercion.toml")).read_text())
 TRUE_WORDS = frozenset(_TABLE["booleans"]["true"])
@@ -202,4 +204,38 @@ def to_dict(value: Any, name: str) -> dict[str, Any]:
         return value
     raise Bad("bad_type")
 
+
+# ---------------------------------------------------------------- how each record field is read
+_COERCE = {float: to_float, int: to_int, bool: to_bool, str: to_str, list: to_list, dict: to_dict}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPlan:
+    """One field of a record kind: its name, the coercer that reads it, and its default."""
+
+    name: str
+    coerce: Any
+    optional: bool
+    required: bool
+    default: Any
+
+
+_FIELD_PLANS: dict[type, tuple[FieldPlan, ...]] = {}
+
+
+def field_plan(cls: type) -> tuple[FieldPlan, ...]:
+    """The fields of a record kind in declaration order, each with its coercer (cached)."""
+    plan = _FIELD_PLANS.get(cls)
+    if plan is None:
+        hints = schema._hints(cls)
+        defaults = schema.field_defaults(cls)
+        out = []
+        for name in schema.field_names(cls):
+            base, optional = schema._base_type(hints[name])
+            origin = getattr(base, "__origin__", None) or base
+            coerce = to_ts if name == "ts" else _COERCE.get(origin, to_list)
+            default = defaults[name]
+            out.append(FieldPlan(name, coerce, optional, default is msgspec.NODEFAULT, default))
+        plan = _FIELD_PLANS[cls] = tuple(out)
+    return plan
 

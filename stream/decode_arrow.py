@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens import decode as dec
-from faultlens import schema
+from faultlens import gpu_wire, schema
 from faultlens.errors import SchemaError
 from faultlens.stream.lake import table_name
 
@@ -188,7 +188,7 @@ def _msgpack_gpu_batch(values: Sequence[bytes]) -> pa.Table | None:
         return None
     counts = list(map(_N, msgs))
     if (not set(map(_V, msgs)) <= schema.READABLE_VERSIONS or min(counts) < 0 or not all(map(_NODE, msgs))
-            or any(map(_NULLS, msgs)) or not dec._LITTLE):
+            or any(map(_NULLS, msgs)) or not gpu_wire.LITTLE_ENDIAN_8):
         return None
     cols = list(map(_COLS, msgs))
     if len(set(cols)) == 1 and len(set(counts)) == 1:

@@ -42,7 +42,7 @@ def test_fast_path_answers_for_agent_samples_with_the_careful_record() -> None:
         payload = dec.encode_wire(sample)
         got = dec.decode("gpu", payload, content_type=dec.MSGPACK_TYPE)
         assert got == _careful(payload) == sample
-        answered += dec._columnar_gpu_fast(msgspec.msgpack.decode(payload)) is not None
+        answered += dec.columnar_gpu_fast(msgspec.msgpack.decode(payload)) is not None
     assert answered > 150  # flags set (0/1 columns) go the careful way; the rest is fast
 
 
@@ -63,9 +63,9 @@ def test_unusual_samples_go_the_careful_way(change: dict) -> None:
     sample = _sample(rng, 8)
     obj = dict(msgspec.msgpack.decode(dec.encode_wire(msgspec.structs.replace(
         sample, gpus=[msgspec.structs.replace(g, remap_pending=False) for g in sample.gpus]))))
-    assert dec._columnar_gpu_fast(dict(obj)) is not None
+    assert dec.columnar_gpu_fast(dict(obj)) is not None
     obj.update(change)
-    assert dec._columnar_gpu_fast(obj) is None
+    assert dec.columnar_gpu_fast(obj) is None
     payload = msgspec.msgpack.encode(obj)
     try:
         got: GpuSample | str = dec.decode("gpu", payload, content_type=dec.MSGPACK_TYPE)
@@ -78,7 +78,7 @@ def test_unusual_samples_go_the_careful_way(change: dict) -> None:
 def test_a_non_finite_gpu_value_is_nulled_as_before(bad: float) -> None:
     sample = GpuSample(ts=1_700_000_000.0, node="n1", gpus=[GpuState(index=0, util=bad), GpuState(index=1, util=50.0)])
     payload = dec.encode_wire(sample)
-    assert dec._columnar_gpu_fast(msgspec.msgpack.decode(payload)) is None
+    assert dec.columnar_gpu_fast(msgspec.msgpack.decode(payload)) is None
     got = dec.decode("gpu", payload, content_type=dec.MSGPACK_TYPE)
     assert got == _careful(payload)
     assert got.gpus[0].util is None and math.isclose(got.gpus[1].util, 50.0)
