@@ -28,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -250,15 +250,16 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP O
     def controller_answers(self) -> bool:
         return self.run(["scontrol", "ping"], check=False).stdout.count("UP") > 0
 
-    def _wait(self, ready: object, what: str, proc: subprocess.Popen[bytes] | None,
+    def _wait(self, ready: Callable[[], bool], what: str, proc: subprocess.Popen[bytes] | None,
               timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
-            if callable(ready) and ready():
+            if ready():
                 return
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"waiting for {what}: {proc.args[0]} exited {proc.returncode}; "
+                program = os.path.basename(str(proc.args[0] if isinstance(proc.args, list) else proc.args))
+                raise RuntimeError(f"waiting for {what}: {program} exited {proc.returncode}; "
                                    f"logs in {self.dir / 'log'}: {self._log_tail()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} after {timeout_s:g} s; logs in {self.dir / 'log'}: {self._log_tail()}")
@@ -366,14 +367,15 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP O
         proc = self.run(["scontrol", "show", "job", "-o", job_id], check=False)
         return parse_show(proc.stdout) if proc.returncode == 0 else {}
 
-    def wait_job(self, job_id: str, ready: object, what: str, timeout_s: float = 30.0) -> dict[str, str]:
+    def wait_job(self, job_id: str, ready: Callable[[dict[str, str]], bool], what: str,
+                 timeout_s: float = 30.0) -> dict[str, str]:
         """Poll ``scontrol show job`` until ``ready(fields)``; returns the fields."""
         seen: dict[str, str] = {}
 
         def check() -> bool:
             nonlocal seen
             seen = self.job(job_id)
-            return bool(callable(ready) and ready(seen))
+            return bool(ready(seen))
         try:
             self._wait(check, f"job {job_id} {what}", self._ctld, timeout_s)
         except TimeoutError as exc:
