@@ -76,6 +76,9 @@ def _node(cluster: LocalSlurm, node: str) -> dict[str, str]:
 def test_the_cluster_starts_and_stops_leaving_nothing_running() -> None:
     with LocalSlurm(nodes=2) as c:
         assert c.node_states() == {"node1": "idle", "node2": "idle"}
+        # srun steps on every node, each named as Slurm names it (what a per-node agent will use).
+        names = c.run(["srun", "-N", "2", "--ntasks-per-node=1", "printenv", "SLURMD_NODENAME"]).stdout.split()
+        assert sorted(names) == ["node1", "node2"]
         job = c.sbatch(["-N", "2", "--wrap", LOOP])
         c.wait_job(job, lambda f: f.get("JobState") == "RUNNING", "running")
         assert c.job_pids(), "the daemons and the job run with the cluster's SLURM_CONF"
@@ -106,6 +109,25 @@ def test_evict_drains_with_the_incident_and_the_job_runs_again_without_the_node(
     # A restarted runner (the same ledger) does not carry the action out again.
     again_out = _runner(tmp_path, cluster).handle(_value(action))
     assert again_out.duplicate and cluster.job(job)["Restarts"] == "1"
+
+
+def test_an_action_cut_short_by_a_runner_crash_resumes_without_draining_or_requeueing_twice(tmp_path, cluster) -> None:
+    job = cluster.sbatch(["--requeue", "-N", "2", "-w", "node[3-4]", "--wrap", LOOP])
+    _running(cluster, job)
+    action = _action("evict_nodes", ("node3",), job=job)
+    # What a runner killed right after its drain leaves: the drain done in Slurm and marked in the ledger.
+    cluster.run(["scontrol", "update", "NodeName=node3", "State=DRAIN", f"Reason=faultlens {action.incident_id}: x"])
+    (tmp_path / "ledger.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in (
+        {"action_id": action.id, "status": "started", "ts": 1.0},
+        {"action_id": action.id, "executing": True, "nodes": ["node3"], "ts": time.time()},
+        {"action_id": action.id, "step": "drain:node3", "ts": 2.0})))
+    out = _runner(tmp_path, cluster).handle(_value(action))
+    assert out.status.status == "done", out.status
+    assert not any(c[1] == "update" and c[2].startswith("NodeName=") for c in out.status.commands)
+    assert ["scontrol", "requeuehold", job] in out.status.commands  # it asked for node3 by name (-w)
+    assert _node(cluster, "node3")["Reason"].startswith(f"faultlens {action.incident_id}: x")
+    assert _runner(tmp_path, cluster).handle(_value(action)).duplicate
+    assert cluster.job(job)["Restarts"] == "1"
 
 
 def test_a_job_that_says_no_requeue_is_not_requeued_and_restart_job_keeps_the_nodes(tmp_path, cluster) -> None:

@@ -106,11 +106,13 @@ class Session:
         self._done = set(done or ())
         self._mark = mark
 
-    def run(self, argv: Sequence[str], *, timeout_s: float | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout_s: float | None = None, record: bool = True) -> CommandResult:
+        """Run one command; ``record`` False: a repeated read (a poll) kept off the status' command list."""
         argv = tuple(argv)
-        self.commands.append(list(argv))
+        if record:
+            self.commands.append(list(argv))
         limit = timeout_s if timeout_s is not None else self.timeout_s
-        log.info("running: %s", subprocess.list2cmdline(argv))
+        log.log(logging.INFO if record else logging.DEBUG, "running: %s", subprocess.list2cmdline(argv))
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",  # noqa: S603 - argv list
                                   timeout=limit, env=self.env, shell=False, check=False)

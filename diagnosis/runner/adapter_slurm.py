@@ -10,7 +10,7 @@ never by its exit status alone. The job id of an action is the Slurm job id
 |------------------|--------------|
 | evict_nodes      | ``scontrol update NodeName=<n> State=DRAIN Reason="faultlens <incident>: <reason>"`` per node, then ``scontrol requeue <job>`` when the job allows it (``Requeue=1``; runner.slurm_requeue); a job held to a drained node (``ReqNodeList``) is requeued held, freed of that list, released |
 | restart_job      | ``scontrol requeuehold <job>``, ``scontrol update JobId=<job> ReqNodeList=<its nodes>``, ``scontrol release <job>``: the same nodes |
-| run_diagnostics  | a maintenance reservation ``faultlens_diag_<node>`` holds the node, a node drained by faultlens is resumed under it, and ``sbatch --wait`` runs the check there (runner.diagnostics_command, else ``dcgmi diag -r 1`` where DCGM exists, else a CPU/memory/disk check); exit 0: the reservation goes and the node takes work again; else it is drained "faultlens <incident>: diagnostics failed" |
+| run_diagnostics  | a maintenance reservation ``faultlens_diag_<node>`` holds the node, a node drained by faultlens is resumed under it, and ``sbatch`` runs the check there (polled until it ends) (runner.diagnostics_command, else ``dcgmi diag -r 1`` where DCGM exists, else a CPU/memory/disk check); exit 0: the reservation goes and the node takes work again; else it is drained "faultlens <incident>: diagnostics failed" |
 | notify           | none: only the status |
 | rollback_code, adapt_parallelism | refused: the job's own tooling does those (command adapter) |
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -153,9 +154,9 @@ class SlurmAdapter:
 
     # ------------------------------------------------------------------ reading Slurm back
 
-    def _ask(self, session: Session, argv: tuple[str, ...], what: str) -> CommandResult:
+    def _ask(self, session: Session, argv: tuple[str, ...], what: str, *, record: bool = True) -> CommandResult:
         """A read of Slurm's state; no answer from the controller -> Pending with Slurm's words."""
-        res = session.run(argv)
+        res = session.run(argv, record=record)
         if not res.ok and UNREACHABLE_RE.search(res.message):
             raise Pending(f"slurmctld did not answer ({what}): {res.message}")
         return res
@@ -306,9 +307,23 @@ class SlurmAdapter:
         else:
             script = NODE_CHECK
         minutes = max(1, math.ceil(self.config.diagnostics_timeout_s / 60))
-        return (self.sbatch, "--wait", "--parsable", "--no-requeue", "-N", "1", "-n", "1", f"--nodelist={node}",
+        return (self.sbatch, "--parsable", "--no-requeue", "-N", "1", "-n", "1", f"--nodelist={node}",
                 f"--reservation={reservation}", f"--job-name=faultlens-diag-{node}", f"--time={minutes}",
                 f"--output={DIAG_OUTPUT}", f"--wrap={script}")
+
+    def _await_check(self, session: Session, job_id: str) -> dict[str, str] | None:
+        """Poll the check job until it ends (``runner.diagnostics_timeout_s`` + 60 s); its last record."""
+        deadline = time.monotonic() + self.config.diagnostics_timeout_s + 60
+        fields: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            res = self._ask(session, (self.scontrol, "show", "job", "-o", job_id), f"show job {job_id}", record=False)
+            fields = _job_fields(res)
+            if not fields or fields.get("JobState", "").split("+")[0] in TERMINAL:
+                break
+            time.sleep(0.2)
+        session.observe({"when": "after the check", "job": job_id,
+                         **{k: fields.get(k, "") for k in (*JOB_FIELDS, "ExitCode")}})
+        return fields or None
 
     def _diagnose(self, action: Action, session: Session) -> CarriedOut:
         nodes = check_nodes(action.nodes, required=True)
@@ -340,15 +355,14 @@ class SlurmAdapter:
             self._node(session, node, "after resume under the reservation")
             if not res.ok:
                 return False, f"{node}: resume for the check refused by Slurm: {res.message}"
-        check = self._command(session, self._diag_argv(action, node, reservation), f"diagnostics on {node}",
-                              timeout_s=self.config.diagnostics_timeout_s + 60)
-        job_id = check.stdout.strip().split(";")[0].splitlines()[0] if check.stdout.strip() else ""
-        output = _read_output(job_id)
-        job = self._job(session, job_id, "after the check") if job_id.isdigit() else None
-        words = output or check.message or f"exit {check.returncode}"
-        summary = (f"check job {job_id or '(not submitted)'} {job.get('JobState') if job else ''} "
-                   f"exit {check.returncode}: {words[-300:]}").replace("  ", " ")
-        if check.ok:
+        submitted = self._command(session, self._diag_argv(action, node, reservation), f"diagnostics on {node}")
+        job_id = submitted.stdout.strip().split(";")[0] if submitted.ok else ""
+        job = self._await_check(session, job_id) if job_id.isdigit() else None
+        passed = job is not None and job.get("JobState") == "COMPLETED" and job.get("ExitCode") == "0:0"
+        words = _read_output(job_id) or (submitted.message if not submitted.ok else "")
+        summary = (f"check job {job_id or '(not submitted)'} {job.get('JobState') if job else 'unknown'} "
+                   f"exit {job.get('ExitCode') if job else '-'}: {words[-300:]}")
+        if passed:
             res = self._command(session, (self.scontrol, "delete", f"ReservationName={reservation}"),
                                 f"release {node}")
             after = self._node(session, node, "after passed diagnostics")
@@ -368,6 +382,14 @@ class SlurmAdapter:
         if not drain.ok or not is_drained(after):
             return False, f"{node}: diagnostics failed ({summary}) and the drain was refused: {drain.message}"
         return False, f"{node}: diagnostics failed ({summary}); stays drained, State={after.get('State')}{rma}"
+
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                      "DEADLINE", "PREEMPTED"})
+
+
+def _job_fields(res: CommandResult) -> dict[str, str]:
+    return next(iter(parse_show(res.stdout)), {}) if res.ok else {}
 
 
 def _read_output(job_id: str) -> str:
