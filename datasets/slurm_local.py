@@ -247,6 +247,10 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP O
         self._slurmd[node] = self._spawn([_program("slurmd"), "-D", "-N", node, "-f", str(self.conf)],
                                          f"slurmd-{node}.out")
 
+    def stop_node(self, node: str) -> None:
+        """Stop one slurmd, as a machine that dies does: Slurm marks it DOWN after SlurmdTimeout (10 s)."""
+        self._end(self._slurmd.pop(node, None))
+
     def controller_answers(self) -> bool:
         return self.run(["scontrol", "ping"], check=False).stdout.count("UP") > 0
 

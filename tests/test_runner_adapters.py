@@ -10,6 +10,14 @@ import pytest
 
 from faultlens import schema
 from faultlens.config import Config, RunnerConfig
+from faultlens.diagnosis.runner.adapter_slurm import (
+    by_faultlens,
+    expand_nodes,
+    is_drained,
+    is_isolated,
+    parse_show,
+    reason_text,
+)
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
@@ -52,6 +60,20 @@ def test_slurm_judges_a_command_by_what_slurm_reads_back_not_by_its_exit(tmp_pat
     assert recorded(record)[0] == ["scontrol", "show", "node", "-o"]  # the fleet cap reads Slurm's drained nodes
     assert ["scontrol", "update", "NodeName=n001", "State=DRAIN", DRAIN] in recorded(record)
     assert ["scontrol", "requeue", "12345"] not in recorded(record)
+
+
+def test_slurm_output_is_read_as_slurm_writes_it() -> None:
+    line = ("NodeName=node2 Arch=x86_64 CoresPerSocket=1 State=MIXED+DRAIN ThreadsPerCore=1 "
+            "Reason=faultlens inc-7: Xid 79: GPU has fallen off the bus [root@2026-11-28T14:56:20] Comment=(null)")
+    (fields,) = parse_show(line + "\n")
+    assert fields["State"] == "MIXED+DRAIN" and is_drained(fields) and is_isolated(fields) and by_faultlens(fields)
+    assert reason_text(fields) == "faultlens inc-7: Xid 79: GPU has fallen off the bus"
+    person = parse_show("NodeName=n4 State=IDLE+DRAIN Reason=bad fan, ticket 4411 [alice@2026-11-28T15:00:00]")[0]
+    assert is_drained(person) and not by_faultlens(person) and reason_text(person) == "bad fan, ticket 4411"
+    assert not is_isolated({"State": "IDLE"}) and is_isolated({"State": "DOWN*"})
+    assert expand_nodes("node[1,3-4],gpu07,rack[08-10]-ib") == ["node1", "node3", "node4", "gpu07", "rack08-ib",
+                                                                   "rack09-ib", "rack10-ib"]
+    assert expand_nodes("(null)") == [] and expand_nodes("") == []
 
 
 def test_slurm_notify_runs_nothing_but_reports(tmp_path, record) -> None:

@@ -217,3 +217,43 @@ def test_a_controller_that_is_down_leaves_the_action_pending_until_it_returns(tm
     assert "Invalid job id specified" in done.detail
     assert "DRAIN" in _node(cluster, "node3")["State"]
     assert runner.handle(_value(action)).duplicate
+
+
+@pytest.mark.broker
+def test_off_the_bus_a_pending_action_is_retried_by_the_running_runner_until_slurm_takes_it(
+        tmp_path, cluster, bus) -> None:
+    from faultlens.stream.bus import Consumer, Producer, ensure_topics
+    from tests.runner_standins import signing_keyring
+    from tests.test_runner_broker import RunnerThread
+
+    ensure_topics(bus, names=("actions", "action-status", "deadletter"))
+    job = cluster.sbatch(["--requeue", "-N", "1", "-w", "node1", "--wrap", LOOP])
+    _running(cluster, job)
+    cfg = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "l.jsonl"),
+                                              pending_retry_s=0.5, pending_retries=50, command_timeout_s=30),
+                 keys=keys_config(tmp_path))
+    statuses = Consumer(bus, ["action-status"], group_id=None)
+    seen: list[schema.ActionStatus] = []
+
+    def wait_for(state: str) -> schema.ActionStatus:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            seen.extend(schema.decode("action-status", m.value) for m in statuses.poll(200))
+            if any(s.status == state for s in seen):
+                return next(s for s in seen if s.status == state)
+        raise AssertionError(f"no {state} status; got {[(s.status, s.detail[:80]) for s in seen]}")
+
+    try:
+        cluster.stop_controller()
+        with RunnerThread(ActionRunner(cfg, env=cluster.env)), Producer(bus, keyring=signing_keyring()) as producer:
+            producer.send(_action("evict_nodes", ("node1",), job=job))
+            producer.flush()
+            pending = wait_for("pending")
+            assert "Unable to contact slurm controller" in pending.detail
+            cluster.start_controller()
+            done = wait_for("done")
+        assert "drained node1" in done.detail and f"requeued {job}" in done.detail
+        assert [s.status for s in seen if s.status not in ("pending",)] == ["done"]
+    finally:
+        statuses.close()
+    assert cluster.job(job)["Restarts"] == "1" and "DRAIN" in _node(cluster, "node1")["State"]
