@@ -15,7 +15,16 @@ seconds) and nothing needs systemd or cgroups (``proctrack/linuxproc``,
         cluster.wait_job_state(job, "RUNNING")
 
 Clients (sinfo, scontrol, sbatch) find this cluster through ``SLURM_CONF`` in
-``cluster.env``; pass that environment to anything that should talk to it.
+``cluster.env``; pass that environment to anything that should talk to it (the
+runner: ``ActionRunner(config, env=cluster.env)``, or ``faultlens runner`` started
+with it). A multi-node job runs as on a real cluster: inside ``sbatch -N 3``,
+``srun --ntasks-per-node=1`` starts one task per virtual node with
+``SLURMD_NODENAME`` (node2), ``SLURM_NODEID`` and ``SLURM_JOB_NODELIST`` set, so a
+per-node ``torchrun --node_rank=$SLURM_NODEID`` and an agent named ``$SLURMD_NODENAME``
+fit; every node is this host, so rendezvous on 127.0.0.1 and a shared checkpoint
+directory just work. Two clusters can run side by side (their own ports and
+directories). A requeued job may start again after 5 s (``cred_expire``; Slurm's
+default is 120 s).
 """
 
 from __future__ import annotations
