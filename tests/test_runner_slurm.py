@@ -230,6 +230,7 @@ def test_off_the_bus_a_pending_action_is_retried_by_the_running_runner_until_slu
     job = cluster.sbatch(["--requeue", "-N", "1", "-w", "node1", "--wrap", LOOP])
     _running(cluster, job)
     cfg = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "l.jsonl"),
+                                              group_id=f"runner-{bus.topic_prefix}",
                                               pending_retry_s=0.5, pending_retries=50, command_timeout_s=30),
                  keys=keys_config(tmp_path))
     statuses = Consumer(bus, ["action-status"], group_id=None)

@@ -231,9 +231,9 @@ class SlurmAdapter:
                                   f"Reason={reason_text(after)!r}")
                 session.mark(f"drain:{node}")
                 said.append(f"drained {node} ({before.get('State')} -> {after.get('State')})")
-            if self.health is not None:
-                self.health.record_eviction(node, incident_id=action.incident_id, job=action.job, kind=action.type,
-                                            reason=action.reason)
+                if self.health is not None:  # once per drain Slurm confirmed, never again on a retry
+                    self.health.record_eviction(node, incident_id=action.incident_id, job=action.job,
+                                                kind=action.type, reason=action.reason)
         return said, None
 
     def _evict(self, action: Action, session: Session) -> CarriedOut:
