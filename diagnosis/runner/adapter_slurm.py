@@ -24,6 +24,7 @@ Slurm's message.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import time
@@ -117,10 +118,11 @@ class SlurmAdapter:
     executes: ClassVar[bool] = True
 
     def __init__(self, config: RunnerConfig, *, scontrol: str = "scontrol", sbatch: str = "sbatch",
-                 node_health: Any = None):
+                 scancel: str = "scancel", node_health: Any = None):
         self.config = config
         self.scontrol = scontrol
         self.sbatch = sbatch
+        self.scancel = scancel
         self.diagnostics = parse_template(config.diagnostics_command, key="runner.diagnostics_command")
         self.health = node_health  # diagnosis.nodehealth.NodeHealth or None
         if self.health is None and config.node_health_path:
@@ -344,7 +346,7 @@ class SlurmAdapter:
         reservation = f"faultlens_diag_{node.replace('.', '_')}"
         if not session.done(f"reserve:{node}"):
             res = self._command(session, (self.scontrol, "create", "reservation", f"ReservationName={reservation}",
-                                          f"Nodes={node}", "StartTime=now", "Duration=UNLIMITED", "Users=root",
+                                          f"Nodes={node}", "StartTime=now", "Duration=UNLIMITED", f"Users={_me()}",
                                           "Flags=MAINT,IGNORE_JOBS"), f"reserve {node}")
             if not res.ok and "Duplicate reservation name" not in res.message:
                 return False, f"{node}: reservation refused by Slurm: {res.message}"
@@ -358,6 +360,8 @@ class SlurmAdapter:
         submitted = self._command(session, self._diag_argv(action, node, reservation), f"diagnostics on {node}")
         job_id = submitted.stdout.strip().split(";")[0] if submitted.ok else ""
         job = self._await_check(session, job_id) if job_id.isdigit() else None
+        if job is not None and job.get("JobState", "").split("+")[0] not in TERMINAL:  # out of time: stop it
+            self._command(session, (self.scancel, job_id), f"cancel check job {job_id}")
         passed = job is not None and job.get("JobState") == "COMPLETED" and job.get("ExitCode") == "0:0"
         words = _read_output(job_id) or (submitted.message if not submitted.ok else "")
         summary = (f"check job {job_id or '(not submitted)'} {job.get('JobState') if job else 'unknown'} "
@@ -371,11 +375,15 @@ class SlurmAdapter:
             if not res.ok:
                 return False, f"{node}: diagnostics passed but Slurm kept the reservation: {res.message}"
             return True, f"{node}: diagnostics passed ({summary}); returned to service, State={after.get('State')}"
-        reason = self._reason(action, "diagnostics failed: ")
+        ran = job is not None  # a check Slurm would not start says nothing about the node
+        reason = self._reason(action, "diagnostics failed: " if ran else "diagnostics not run: ")
         drain = self._command(session, self._drain(node, reason), f"drain {node} after failed diagnostics")
         self._command(session, (self.scontrol, "delete", f"ReservationName={reservation}"), f"release {node}")
         after = self._node(session, node, "after failed diagnostics")
         rma = ""
+        if not ran:
+            return False, (f"{node}: the check job was not run ({summary}); left drained, "
+                           f"State={after.get('State')}")
         if self.health is not None:
             self.health.record_diagnostics(node, passed=False, detail=summary)
             rma = "; an RMA candidate" if node in self.health.rma_candidates() else ""
@@ -390,6 +398,19 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL"
 
 def _job_fields(res: CommandResult) -> dict[str, str]:
     return next(iter(parse_show(res.stdout)), {}) if res.ok else {}
+
+
+USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+
+
+def _me() -> str:
+    """The runner's own user: the only one its diagnostics reservation admits (it submits the check)."""
+    import pwd
+
+    name = pwd.getpwuid(os.geteuid()).pw_name
+    if not USER_RE.match(name):
+        raise Refused(f"the runner's user name {name!r} is not a plain user name: no reservation made for it")
+    return name
 
 
 def _read_output(job_id: str) -> str:
