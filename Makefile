@@ -1,7 +1,8 @@
 # Two commands are the whole set-up: `make demo` and `make test`.
 # Each creates .venv when missing and installs what it needs; `make demo` needs nothing
-# beyond Python, `make test` also needs Chromium for the explorer's browser test
-# (installed from Debian's `chromium` package when run as root, else one line says how).
+# beyond Python, `make test` also needs Chromium for the explorer's browser test and
+# Slurm (slurmctld, slurmd, munge) for the runner's tests on a real cluster (both
+# installed from Debian's packages when run as root, else one line says how).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 # nothing in pyproject.toml can silence it, so the install steps filter that one message.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test check chromium bench lint typecheck floors clean FORCE
+.PHONY: demo test check chromium slurm bench lint typecheck floors clean FORCE
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,22 @@ chromium:
 	  exit 1; \
 	fi
 
+# The runner's Slurm adapter is tested on a real cluster of four slurmd on localhost
+# (tests/test_runner_slurm.py, datasets/slurm_local.py): Debian's slurmctld, slurmd, munge (22.05).
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then \
+	  if [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v sbatch >/dev/null 2>&1; then exit 0; fi; \
+	fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing the Debian packages $(SLURM_PACKAGES) for the runner's Slurm tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null) \
+	    || { echo "make test: apt-get could not install $(SLURM_PACKAGES); install them and rerun" >&2; exit 1; }; \
+	else \
+	  echo "make test needs Slurm: run 'sudo apt-get install $(SLURM_PACKAGES)' (Debian/Ubuntu), then rerun as root (slurmd starts jobs)" >&2; \
+	  exit 1; \
+	fi
+
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
@@ -63,7 +80,7 @@ floors: $(VENV)/.installed-test .typecheck
 FORCE:
 
 # Static checks first (seconds), then the suite.
-test: chromium lint typecheck floors
+test: chromium slurm lint typecheck floors
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-test

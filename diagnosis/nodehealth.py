@@ -92,10 +92,21 @@ class NodeHealth:
                      rma_candidate=evictions >= self.rma_after)
 
     def record_diagnostics(self, node: str, *, passed: bool, detail: str = "", ts: float | None = None) -> None:
-        """Stop-time check result; a pass is the verified recovery that ends quarantine."""
+        """Stop-time check result; a pass is the verified recovery that ends quarantine. A node that failed
+        its checks ``rma_after`` times since its last pass is an RMA candidate."""
         self._event(node, "diagnostics_passed" if passed else "diagnostics_failed", detail=detail, ts=ts)
         if passed:
             self._upsert(node, quarantined=False, incident_id=None, reason=None, since=None)
+            return
+        row = self._db.execute(
+            "SELECT count(*) FROM node_events WHERE node = ? AND event = 'diagnostics_failed' AND ts >= coalesce("
+            "(SELECT max(ts) FROM node_events WHERE node = ? AND event = 'diagnostics_passed'), -1e300)",
+            [node, node]).fetchone()
+        failures = int(row[0]) if row else 0
+        st = self._state(node)
+        self._upsert(node, quarantined=True, reason=(st or {}).get("reason") or "diagnostics failed",
+                     since=(st or {}).get("since") or (ts if ts is not None else time.time()),
+                     rma_candidate=bool((st or {}).get("rma_candidate")) or failures >= self.rma_after)
 
     def clear(self, node: str, *, by: str, detail: str = "", ts: float | None = None) -> None:
         """A person vouches for the node."""

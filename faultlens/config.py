@@ -189,6 +189,14 @@ class RunnerConfig:
     max_actions_per_window: int = 20  # actions executed per rate_window_s; beyond: refused
     rate_window_s: float = 600.0
     max_nodes_evicted_per_hour: int = 32  # distinct nodes drained/cordoned in any hour; beyond: refused
+    # An action the scheduler cannot take now (slurmctld down, a node it does not know) is reported
+    # `pending` and tried again every pending_retry_s, at most pending_retries times; then `failed`.
+    pending_retries: int = 10
+    pending_retry_s: float = 30.0
+    # Slurm run_diagnostics: the check job's time limit, and the runner's node health memory (a DuckDB
+    # file the runner owns: diagnostics passed/failed, evictions, RMA candidates); "" keeps none.
+    diagnostics_timeout_s: float = 600.0
+    node_health_path: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ node, rank, topic, offset)::
     │   ├── NotFittedError   predict before fit
     │   └── FeatureMismatch  missing features, or a model from another feature set
     ├── ActionError          remediation actions
-    │   └── Refused          the runner will not carry out an action (unsafe, unsupported); nothing ran
+    │   ├── Refused          the runner will not carry out an action (unsafe, unsupported); nothing ran
+    │   └── Pending          the scheduler cannot take it now (controller down, node unknown): retried
     └── LakeError            the Parquet lake or a DuckDB catalog
 """
 
@@ -88,6 +89,11 @@ class ActionError(FaultlensError):
 
 class Refused(ActionError):
     """The action cannot be carried out safely or at all by this adapter; nothing runs."""
+
+
+class Pending(ActionError):
+    """The scheduler cannot act on it now (its controller does not answer, it does not know a node):
+    the runner reports ``pending`` with the scheduler's own message and tries again later."""
 
 
 class LakeError(FaultlensError):

@@ -282,9 +282,12 @@ class ActionStatus(_Record, frozen=True):
     action_id: str
     job: str
     adapter: str
-    status: str  # done | failed | dry_run | refused
+    status: str  # done | failed | dry_run | refused | pending (the scheduler cannot take it now: retried)
     detail: str = ""
     commands: list[list[str]] = []
+    # The scheduler's state as the runner read it back before and after each command (Slurm adapter):
+    # {"when": "before"|"after drain"|..., "node" or "job": name, and Slurm's fields, e.g. State, Reason}.
+    observed: list[dict[str, Any]] = []
     v: Int64 = SCHEMA_VERSION
 
 

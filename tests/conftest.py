@@ -36,3 +36,16 @@ def real_logs() -> Path:
     if not (REAL_LOGS / "kernel.jsonl").is_file():
         pytest.fail(f"real-log fixtures missing at {REAL_LOGS}")
     return REAL_LOGS
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[object]:
+    """A real 4-node Slurm cluster on localhost (datasets/slurm_local.py), once per module; `make test`
+    installs Slurm as root (the Makefile's `slurm` target)."""
+    from faultlens.datasets.slurm_local import LocalSlurm, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.fail(f"{reason}; `make test` installs it when run as root")
+    with LocalSlurm(nodes=4) as cluster:
+        yield cluster

@@ -10,6 +10,14 @@ import pytest
 
 from faultlens import schema
 from faultlens.config import Config, RunnerConfig
+from faultlens.diagnosis.runner.adapter_slurm import (
+    by_faultlens,
+    expand_nodes,
+    is_drained,
+    is_isolated,
+    parse_show,
+    reason_text,
+)
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.diagnosis.runner.runner import ActionRunner
 from faultlens.errors import ConfigError
@@ -44,32 +52,28 @@ def record(tmp_path):
 DRAIN = "Reason=faultlens inc-7: Xid 79: GPU fell off the bus"
 
 
-def test_slurm_evict_drains_each_node_then_requeues(tmp_path, record) -> None:
+def test_slurm_judges_a_command_by_what_slurm_reads_back_not_by_its_exit(tmp_path, record) -> None:
+    """A stand-in scontrol exits 0 and says nothing: the drain is not confirmed, so the action failed.
+    (The adapter against a real slurmctld: tests/test_runner_slurm.py.)"""
     out = _runner(tmp_path, "slurm").handle(_value(_action()))
-    expected = [
-        ["scontrol", "update", "NodeName=n001", "State=DRAIN", DRAIN],
-        ["scontrol", "update", "NodeName=n002", "State=DRAIN", DRAIN],
-        ["scontrol", "requeue", "12345"],
-    ]
-    assert recorded(record) == expected
-    assert out.status is not None and out.status.status == "done" and out.status.adapter == "slurm"
-    assert out.status.commands == expected and out.status.action_id == "act-1" and out.status.job == "12345"
+    assert out.status.status == "failed" and "Slurm accepted it but the node reads" in out.status.detail
+    assert recorded(record)[0] == ["scontrol", "show", "node", "-o"]  # the fleet cap reads Slurm's drained nodes
+    assert ["scontrol", "update", "NodeName=n001", "State=DRAIN", DRAIN] in recorded(record)
+    assert ["scontrol", "requeue", "12345"] not in recorded(record)
 
 
-def test_slurm_restart_job_requeues(tmp_path, record) -> None:
-    out = _runner(tmp_path, "slurm").handle(_value(_action("restart_job", nodes=())))
-    assert recorded(record) == [["scontrol", "requeue", "12345"]]
-    assert out.status.status == "done"
-
-
-def test_slurm_run_diagnostics_drains_and_runs_the_configured_check(tmp_path, record) -> None:
-    runner = _runner(tmp_path, "slurm", diagnostics_command="diag-node --node {node} --incident {incident} -r 2")
-    out = runner.handle(_value(_action("run_diagnostics", nodes=("n003",))))
-    assert recorded(record) == [
-        ["scontrol", "update", "NodeName=n003", "State=DRAIN", DRAIN],
-        ["diag-node", "--node", "n003", "--incident", "inc-7", "-r", "2"],
-    ]
-    assert out.status.status == "done"
+def test_slurm_output_is_read_as_slurm_writes_it() -> None:
+    line = ("NodeName=node2 Arch=x86_64 CoresPerSocket=1 State=MIXED+DRAIN ThreadsPerCore=1 "
+            "Reason=faultlens inc-7: Xid 79: GPU has fallen off the bus [root@2026-11-28T14:56:20] Comment=(null)")
+    (fields,) = parse_show(line + "\n")
+    assert fields["State"] == "MIXED+DRAIN" and is_drained(fields) and is_isolated(fields) and by_faultlens(fields)
+    assert reason_text(fields) == "faultlens inc-7: Xid 79: GPU has fallen off the bus"
+    person = parse_show("NodeName=n4 State=IDLE+DRAIN Reason=bad fan, ticket 4411 [alice@2026-11-28T15:00:00]")[0]
+    assert is_drained(person) and not by_faultlens(person) and reason_text(person) == "bad fan, ticket 4411"
+    assert not is_isolated({"State": "IDLE"}) and is_isolated({"State": "DOWN*"})
+    assert expand_nodes("node[1,3-4],gpu07,rack[08-10]-ib") == ["node1", "node3", "node4", "gpu07", "rack08-ib",
+                                                                   "rack09-ib", "rack10-ib"]
+    assert expand_nodes("(null)") == [] and expand_nodes("") == []
 
 
 def test_slurm_notify_runs_nothing_but_reports(tmp_path, record) -> None:
@@ -124,11 +128,11 @@ def test_slurm_refuses_a_job_id_that_is_not_a_slurm_job(tmp_path, record) -> Non
 
 def test_a_failing_command_stops_the_plan_and_reports_stderr(tmp_path) -> None:
     rec = tmp_path / "calls.jsonl"
-    write_standin(tmp_path / "bin", "scontrol", rec, exit_code=1,
-                  stderr="slurm_update error: Invalid node name specified\n")
-    out = _runner(tmp_path, "slurm").handle(_value(_action()))
+    write_standin(tmp_path / "bin", "kubectl", rec, exit_code=1,
+                  stderr='Error from server (NotFound): nodes "n001" not found\n')
+    out = _runner(tmp_path, "kubernetes").handle(_value(_action()))
     assert out.status.status == "failed"
-    assert "exited 1" in out.status.detail and "Invalid node name specified" in out.status.detail
+    assert "exited 1" in out.status.detail and 'nodes "n001" not found' in out.status.detail
     assert len(recorded(rec)) == 1 and out.status.commands == [recorded(rec)[0]]
 
 
@@ -161,18 +165,18 @@ def test_the_dry_run_adapter_executes_nothing(tmp_path, record) -> None:
 
 
 def test_the_same_action_id_runs_once(tmp_path, record) -> None:
-    runner = _runner(tmp_path, "slurm")
+    runner = _runner(tmp_path, "kubernetes")
     first = runner.handle(_value(_action()))
     again = runner.handle(_value(_action()))
     assert first.status.status == "done" and again.duplicate and again.status is None
-    assert len(recorded(record)) == 3
+    assert len(recorded(record)) == 4
 
 
 def test_the_ledger_outlives_the_runner(tmp_path, record) -> None:
     ledger = tmp_path / "state" / "ledger.jsonl"
-    _runner(tmp_path, "slurm", state_path=str(ledger)).handle(_value(_action()))
-    out = _runner(tmp_path, "slurm", state_path=str(ledger)).handle(_value(_action()))
-    assert out.duplicate and len(recorded(record)) == 3
+    _runner(tmp_path, "kubernetes", state_path=str(ledger)).handle(_value(_action()))
+    out = _runner(tmp_path, "kubernetes", state_path=str(ledger)).handle(_value(_action()))
+    assert out.duplicate and len(recorded(record)) == 4
 
 
 def test_stale_actions_are_refused(tmp_path, record) -> None:

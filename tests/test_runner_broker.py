@@ -61,12 +61,12 @@ def _collect(consumer: Consumer, want: int, timeout_s: float = 45) -> list:
     return got
 
 
-def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_path) -> None:
+def test_actions_flow_from_the_topic_through_an_adapter_to_action_status(bus, tmp_path) -> None:
     ensure_topics(bus, names=("actions", "action-status", "deadletter"))
     rec = tmp_path / "calls.jsonl"
-    write_standin(tmp_path / "bin", "scontrol", rec)
+    write_standin(tmp_path / "bin", "kubectl", rec)
     ledger = tmp_path / "ledger.jsonl"
-    cfg = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, group_id="runner-a",
+    cfg = Config(bus=bus, runner=RunnerConfig(adapter="kubernetes", execute=True, group_id="runner-a",
                                               state_path=str(ledger)), keys=keys_config(tmp_path))
     statuses = Consumer(bus, ["action-status", "deadletter"], group_id=None)
     try:
@@ -85,8 +85,8 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
         results = {s.action_id: s for s in (schema.decode("action-status", m.value) for m in by_kind["action-status"])}
         assert set(results) == {"act-1", "act-2", "act-3"}
         assert results["act-1"].status == "done" and results["act-1"].commands == [
-            ["scontrol", "update", "NodeName=n001", "State=DRAIN", "Reason=faultlens inc-1: Xid 79"],
-            ["scontrol", "requeue", "4242"],
+            ["kubectl", "cordon", "--", "n001"],
+            ["kubectl", "taint", "nodes", "--overwrite", "--", "n001", RunnerConfig().k8s_taint],
         ]
         assert results["act-2"].status == "dry_run" and results["act-3"].status == "refused"
         assert all(m.key == "4242" for m in by_kind["action-status"])
@@ -95,7 +95,7 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
         assert recorded(rec) == results["act-1"].commands  # executed once, dry-run and refused ones not at all
 
         # A restarted runner with a new group re-reads the whole topic: nothing runs again.
-        cfg_b = Config(bus=bus, runner=RunnerConfig(adapter="slurm", execute=True, group_id="runner-b",
+        cfg_b = Config(bus=bus, runner=RunnerConfig(adapter="kubernetes", execute=True, group_id="runner-b",
                                                     state_path=str(ledger)), keys=keys_config(tmp_path))
         runner_b = ActionRunner(cfg_b, env=env_with(tmp_path / "bin"))
         with Producer(bus, keyring=signing_keyring()) as producer:
@@ -108,7 +108,7 @@ def test_actions_flow_from_the_topic_through_slurm_to_action_status(bus, tmp_pat
                 more += [schema.decode("action-status", m.value) for m in statuses.poll(500)
                          if m.kind == "action-status"]
         assert [s.action_id for s in more] == ["act-4"] and more[0].status == "done"
-        assert [c[2] for c in recorded(rec) if c[1] == "update"] == ["NodeName=n001", "NodeName=n004"]
+        assert [c[3] for c in recorded(rec) if c[1] == "cordon"] == ["n001", "n004"]
         assert runner_b.metrics.actions.labels(type="evict_nodes", status="duplicate")._value.get() == 4  # act-1 twice, act-2, act-3
     finally:
         statuses.close()

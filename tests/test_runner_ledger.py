@@ -14,7 +14,7 @@ from faultlens.diagnosis.runner.runner import ActionRunner, Ledger
 from faultlens.errors import LakeError
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
-DRAIN = "Reason=faultlens inc-7: Xid 79"
+TAINT = "faultlens.io/faulty=true:NoSchedule"
 
 
 def _value(id_: str = "act-9") -> bytes:
@@ -25,22 +25,23 @@ def _value(id_: str = "act-9") -> bytes:
 
 
 def _runner(tmp_path) -> ActionRunner:
-    cfg = Config(runner=RunnerConfig(adapter="slurm", execute=True, state_path=str(tmp_path / "ledger.jsonl")),
+    cfg = Config(runner=RunnerConfig(adapter="kubernetes", execute=True, state_path=str(tmp_path / "ledger.jsonl")),
                  keys=keys_config(tmp_path))
     return ActionRunner(cfg, env=env_with(tmp_path / "bin"))
 
 
 def test_an_action_killed_mid_plan_resumes_at_the_step_in_flight(tmp_path) -> None:
     rec = tmp_path / "calls.jsonl"
-    write_standin(tmp_path / "bin", "scontrol", rec)
+    write_standin(tmp_path / "bin", "kubectl", rec)
     ledger = tmp_path / "ledger.jsonl"
-    # What a runner killed while draining n002 leaves: started, step 0 (drain n001) finished.
+    # What a runner killed while cordoning n002 leaves: started, steps 0-1 (cordon + taint n001) finished.
     ledger.write_bytes(orjson.dumps({"action_id": "act-9", "status": "started", "ts": 1.0}) + b"\n"
-                       + orjson.dumps({"action_id": "act-9", "step": 0, "ts": 2.0}) + b"\n")
+                       + orjson.dumps({"action_id": "act-9", "step": 0, "ts": 2.0}) + b"\n"
+                       + orjson.dumps({"action_id": "act-9", "step": 1, "ts": 2.0}) + b"\n")
     out = _runner(tmp_path).handle(_value())
-    assert recorded(rec) == [["scontrol", "update", "NodeName=n002", "State=DRAIN", DRAIN],
-                             ["scontrol", "requeue", "12345"]]
-    assert out.status is not None and out.status.status == "done" and "1 finished before a restart" in out.status.detail
+    assert recorded(rec) == [["kubectl", "cordon", "--", "n002"],
+                             ["kubectl", "taint", "nodes", "--overwrite", "--", "n002", TAINT]]
+    assert out.status is not None and out.status.status == "done" and "2 finished before a restart" in out.status.detail
     # Done now: delivered again (a commit lost to the kill), it is not run a third time.
     again = _runner(tmp_path).handle(_value())
     assert again.duplicate and len(recorded(rec)) == 2

@@ -21,9 +21,9 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from faultlens.errors import ConfigError, Refused  # noqa: F401 - Refused re-exported for the adapters
+from faultlens.errors import ConfigError, Pending, Refused  # noqa: F401 - re-exported for the adapters
 from faultlens.schema import Action
 from faultlens.vocabulary import ActionType
 
@@ -70,6 +70,94 @@ class Adapter(Protocol):
 
     def plan(self, action: Action, event: Mapping[str, Any]) -> list[Step]:
         """The commands that carry out ``action``; raises ``Refused``. Runs nothing."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """One command run by a self-executing adapter, with what it printed."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def message(self) -> str:
+        """What the program said (stderr, else stdout), on one line, bounded: its own words, for the status."""
+        return " ".join((self.stderr.strip() or self.stdout.strip()).split())[:STDERR_TAIL_CHARS]
+
+
+class Session:
+    """What the runner lends a self-executing adapter for one action: commands it runs are recorded
+    (argv, never a shell), the state it reads back is noted, and the ledger's marks of finished steps
+    let an action resumed after a crash skip what already happened."""
+
+    def __init__(self, *, timeout_s: float, env: Mapping[str, str] | None,
+                 done: set[Any] | None = None, mark: Any = None):
+        self.timeout_s = timeout_s
+        self.env = dict(os.environ if env is None else env)
+        self.commands: list[list[str]] = []
+        self.observed: list[dict[str, Any]] = []
+        self._done = set(done or ())
+        self._mark = mark
+
+    def run(self, argv: Sequence[str], *, timeout_s: float | None = None, record: bool = True) -> CommandResult:
+        """Run one command; ``record`` False: a repeated read (a poll) kept off the status' command list."""
+        argv = tuple(argv)
+        if record:
+            self.commands.append(list(argv))
+        limit = timeout_s if timeout_s is not None else self.timeout_s
+        log.log(logging.INFO if record else logging.DEBUG, "running: %s", subprocess.list2cmdline(argv))
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace",  # noqa: S603 - argv list
+                                  timeout=limit, env=self.env, shell=False, check=False)
+        except FileNotFoundError:
+            return CommandResult(argv, 127, "", f"executable not found: {argv[0]}")
+        except PermissionError as exc:
+            return CommandResult(argv, 126, "", f"cannot execute {argv[0]}: {exc}")
+        except subprocess.TimeoutExpired as exc:
+            return CommandResult(argv, 124, "", f"{argv[0]} timed out after {limit:g} s; {_tail(exc.stderr)}")
+        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
+
+    def observe(self, entry: Mapping[str, Any]) -> None:
+        """Record the scheduler's state as read back (before or after a command)."""
+        self.observed.append(dict(entry))
+
+    def done(self, key: str) -> bool:
+        """This step finished before (this run or one the runner was stopped in)."""
+        return key in self._done
+
+    def mark(self, key: str) -> None:
+        self._done.add(key)
+        if self._mark is not None:
+            self._mark(key)
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedOut:
+    """A self-executing adapter's verdict: ``ok`` (done) or not (failed), and why, in the scheduler's words."""
+
+    ok: bool
+    detail: str
+
+
+@runtime_checkable
+class SelfExecuting(Protocol):
+    """An adapter that carries an action out itself, reading the scheduler's state back before and after
+    each command (the Slurm adapter). ``plan`` still says what it would run (dry-run)."""
+
+    def isolated_nodes(self, session: Session) -> set[str]:
+        """Nodes the scheduler has isolated already (drained, down): the fleet cap counts them.
+        Raises ``Pending`` when the scheduler does not answer."""
+        ...
+
+    def carry_out(self, action: Action, event: Mapping[str, Any], session: Session) -> CarriedOut:
+        """Carry ``action`` out; raises ``Refused`` (nothing ran) or ``Pending`` (try again later)."""
         ...
 
 

@@ -27,7 +27,13 @@ For each message on the actions topic (consumer group ``runner.group_id``):
    ``--execute`` flag) *and* the action says ``dry_run: false``; otherwise log
    what would run and report ``dry_run``;
 6. produce an ``ActionStatus`` on action-status with every command line started
-   and, on failure, the tail of stderr; then commit the offsets.
+   and, on failure, the tail of stderr; then commit the offsets. A self-executing
+   adapter (Slurm) also reports the scheduler's state it read back (``observed``),
+   and the nodes the scheduler has isolated already count against the fleet cap;
+   what the scheduler cannot take now (``Pending``: its controller is down, it does
+   not know a node) is reported ``pending`` with its message and tried again every
+   ``runner.pending_retry_s``, from the ledger across restarts, until it is done,
+   fails or ``runner.pending_retries`` attempts are spent (then ``failed``).
 
 ``handle(value)`` is the whole decision for one message, without Kafka;
 ``run()`` is the consume/produce loop around it.
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from faultlens import schema
@@ -52,7 +59,10 @@ from faultlens.config import Config, RunnerConfig
 from faultlens.diagnosis.event_schemas import EventValidator
 from faultlens.diagnosis.runner.adapter_base import (
     Adapter,
+    Pending,
     Refused,
+    SelfExecuting,
+    Session,
     StepsResult,
     check_nodes,
     run_steps,
@@ -92,23 +102,27 @@ class Execution:
 ISOLATING = frozenset({ActionType.EVICT_NODES, ActionType.RUN_DIAGNOSTICS})  # drain / cordon the named nodes
 
 
-def cap_refusal(cfg: RunnerConfig, executions: list[Execution], action: Action, now: float) -> str | None:
-    """Why the runner's own caps forbid carrying out ``action`` now, or None."""
+def cap_refusal(cfg: RunnerConfig, executions: list[Execution], action: Action, now: float,
+                already_isolated: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """Why the runner's own caps forbid carrying out ``action`` now, or None. ``already_isolated``: nodes
+    the scheduler has taken out of service already (Slurm's drained nodes), counted with the ledger's."""
     recent = [e for e in executions if now - e.ts < cfg.rate_window_s]
     if len(recent) >= cfg.max_actions_per_window:
         return (f"runner rate cap: {len(recent)} action(s) executed in the last {cfg.rate_window_s:g} s, "
                 f"limit runner.max_actions_per_window={cfg.max_actions_per_window}")
     if action.type in ISOLATING:
-        isolated = {n for e in executions if now - e.ts < 3600.0 for n in e.nodes}
+        isolated = {n for e in executions if now - e.ts < 3600.0 for n in e.nodes} | set(already_isolated)
         after = isolated | set(action.nodes)
         if len(after) > cfg.max_nodes_evicted_per_hour:
-            return (f"runner fleet cap: {len(isolated)} distinct node(s) isolated in the last hour, "
+            held = f" ({len(set(already_isolated))} drained in the scheduler)" if already_isolated else ""
+            return (f"runner fleet cap: {len(isolated)} distinct node(s) isolated in the last hour{held}, "
                     f"{len(after - isolated)} more would pass runner.max_nodes_evicted_per_hour="
                     f"{cfg.max_nodes_evicted_per_hour}")
     return None
 
 
 IN_DOUBT = "started"  # recorded before anything runs; still the last word after a crash mid-action
+PENDING = "pending"  # the scheduler could not take it: tried again (the message is kept in the ledger)
 
 
 class Ledger:
@@ -118,7 +132,9 @@ class Ledger:
     def __init__(self, path: str = ""):
         self.path = Path(path) if path else None
         self._seen: dict[str, str] = {}
-        self._steps: dict[str, set[int]] = {}
+        self._steps: dict[str, set[int | str]] = {}
+        self._attempts: dict[str, int] = {}  # pending attempts per action id
+        self.retries: dict[str, bytes] = {}  # pending action id -> its message, tried again after a restart
         self.executions: list[Execution] = []  # what was carried out, for the runner's caps
         if self.path is not None and self.path.exists():
             try:
@@ -129,12 +145,18 @@ class Ledger:
                 try:
                     entry = orjson.loads(line)
                     if "step" in entry:
-                        self._steps.setdefault(entry["action_id"], set()).add(int(entry["step"]))
+                        step = entry["step"]
+                        self._steps.setdefault(entry["action_id"], set()).add(step if isinstance(step, str) else int(step))
                     elif "executing" in entry:
                         self.executions.append(Execution(float(entry["ts"]), str(entry["action_id"]),
                                                          tuple(str(n) for n in entry["nodes"])))
                     else:
                         self._seen[entry["action_id"]] = entry["status"]
+                        if entry["status"] == PENDING:
+                            self._attempts[entry["action_id"]] = self._attempts.get(entry["action_id"], 0) + 1
+                            self.retries[entry["action_id"]] = str(entry["retry"]).encode()
+                        else:
+                            self.retries.pop(entry["action_id"], None)
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     if n == len(lines):  # a kill -9 mid-write tears at most the last entry
                         log.warning("runner ledger %s: torn last entry ignored (%s)", self.path, exc)
@@ -148,15 +170,28 @@ class Ledger:
         return self._seen.get(action_id)
 
     def in_doubt(self, action_id: str) -> bool:
-        """Started and never finished: the runner stopped while carrying it out."""
-        return self._seen.get(action_id) == IN_DOUBT
+        """Started and never finished (the runner stopped while carrying it out), or pending a retry."""
+        return self._seen.get(action_id) in (IN_DOUBT, PENDING)
 
-    def steps_done(self, action_id: str) -> set[int]:
+    def steps_done(self, action_id: str) -> set[int | str]:
         return set(self._steps.get(action_id, ()))
+
+    def attempts(self, action_id: str) -> int:
+        """How many times the scheduler could not take this action."""
+        return self._attempts.get(action_id, 0)
 
     def record(self, action_id: str, status: str) -> None:
         self._seen[action_id] = status
+        self.retries.pop(action_id, None)
         self._write({"action_id": action_id, "status": status, "ts": time.time()})
+
+    def record_pending(self, action_id: str, value: bytes, detail: str) -> None:
+        """Not taken now: kept with its message (``value``) so a restarted runner tries it again."""
+        self._seen[action_id] = PENDING
+        self._attempts[action_id] = self._attempts.get(action_id, 0) + 1
+        self.retries[action_id] = value
+        self._write({"action_id": action_id, "status": PENDING, "ts": time.time(), "detail": detail[:500],
+                     "retry": value.decode("utf-8", "replace")})
 
     def record_execution(self, execution: Execution) -> None:
         """An action is about to be carried out on these nodes (the caps count it from now on)."""
@@ -164,7 +199,7 @@ class Ledger:
         self._write({"action_id": execution.action_id, "executing": True, "nodes": list(execution.nodes),
                      "ts": execution.ts})
 
-    def record_step(self, action_id: str, step: int) -> None:
+    def record_step(self, action_id: str, step: int | str) -> None:
         """Step ``step`` of the action's plan finished: a resumed action does not run it again."""
         self._steps.setdefault(action_id, set()).add(step)
         self._write({"action_id": action_id, "step": step, "ts": time.time()})
@@ -209,6 +244,9 @@ class ActionRunner:
                               key="runner.state_path")
         self.ledger = Ledger(self.cfg.state_path)
         self.topic = topics.topic("actions", config.bus.topic_prefix)
+        # Pending actions (the scheduler could not take them) and when each is tried again: those a
+        # stopped runner left pending are due at once.
+        self.retry_at: dict[str, float] = {a: self.clock() for a in self.ledger.retries}
 
     # ------------------------------------------------------------------ one message
 
@@ -238,19 +276,49 @@ class ActionRunner:
             self.metrics.actions.labels(type=action.type, status="duplicate").inc()
             return Outcome(duplicate=True)
         if resume:
-            log.warning("action %s was in flight when the runner stopped: resuming after step(s) %s",
-                        action.id, sorted(self.ledger.steps_done(action.id)) or "none")
+            log.warning("action %s was %s: resuming after step(s) %s", action.id,
+                        "pending" if self.ledger.status(action.id) == PENDING else "in flight when the runner stopped",
+                        sorted(map(str, self.ledger.steps_done(action.id))) or "none")
         else:
             self.ledger.record(action.id, IN_DOUBT)
         status = self._decide_and_run(action, event)
-        self.ledger.record(action.id, status.status)
+        if status.status == PENDING:
+            attempt = self.ledger.attempts(action.id) + 1
+            if attempt >= self.cfg.pending_retries:
+                status = msgspec.structs.replace(status, status="failed", detail=(
+                    f"gave up after {attempt} attempt(s) (runner.pending_retries); the scheduler's last word: "
+                    f"{status.detail}"))
+            else:
+                status = msgspec.structs.replace(status, detail=(
+                    f"{status.detail}; attempt {attempt} of {self.cfg.pending_retries}, "
+                    f"again in {self.cfg.pending_retry_s:g} s"))
+                self.ledger.record_pending(action.id, value, status.detail)
+                self.retry_at[action.id] = self.clock() + self.cfg.pending_retry_s
+        if status.status != PENDING:
+            self.ledger.record(action.id, status.status)
+            self.retry_at.pop(action.id, None)
         self.metrics.actions.labels(type=action.type, status=status.status).inc()
         return Outcome(status=status)
 
+    def retry_due(self) -> list[Outcome]:
+        """Try again the pending actions whose time has come (``runner.pending_retry_s``)."""
+        now = self.clock()
+        outcomes = []
+        for action_id in [a for a, at in self.retry_at.items() if at <= now]:
+            value = self.ledger.retries.get(action_id)
+            outcome = self.handle(value) if value is not None else Outcome()
+            if outcome.status is None:  # no longer verifies (its signature expired) or not in the ledger
+                self.retry_at.pop(action_id, None)
+                if self.ledger.in_doubt(action_id):
+                    self.ledger.record(action_id, "failed")
+            outcomes.append(outcome)
+        return outcomes
+
     def _decide_and_run(self, action: Action, event: Mapping[str, Any]) -> ActionStatus:
-        def status(state: str, detail: str, commands: list[list[str]] | None = None) -> ActionStatus:
+        def status(state: str, detail: str, commands: list[list[str]] | None = None,
+                   observed: list[dict[str, Any]] | None = None) -> ActionStatus:
             return ActionStatus(ts=self.clock(), action_id=action.id, job=action.job, adapter=self.adapter.name,
-                                status=state, detail=detail, commands=commands or [])
+                                status=state, detail=detail, commands=commands or [], observed=observed or [])
 
         age_s = self.clock() - action.ts
         if -age_s > self.config.keys.max_skew_s:
@@ -281,6 +349,8 @@ class ActionRunner:
         if not steps:
             log.info("action %s (%s): nothing to execute for adapter %s", action.id, action.type, self.adapter.name)
             return status("done", f"{action.type}: nothing to execute for the {self.adapter.name} adapter")
+        if isinstance(self.adapter, SelfExecuting):
+            return self._carry_out(action, event, status)
         if not any(e.action_id == action.id for e in self.ledger.executions):  # a resumed action counted once
             capped = cap_refusal(self.cfg, self.ledger.executions, action, self.clock())
             if capped is not None:
@@ -293,6 +363,35 @@ class ActionRunner:
         if not result.ok:
             log.error("action %s failed: %s", action.id, result.detail)
         return status("done" if result.ok else "failed", result.detail, result.commands)
+
+    def _carry_out(self, action: Action, event: Mapping[str, Any], status: Callable[..., ActionStatus]) -> ActionStatus:
+        """A self-executing adapter (Slurm): it reads the scheduler back around each command; the runner
+        lends it the ledger's step marks and applies its caps, counting what the scheduler isolated."""
+        adapter: Any = self.adapter
+        session = Session(timeout_s=self.cfg.command_timeout_s, env=self.env,
+                          done=self.ledger.steps_done(action.id),
+                          mark=lambda key: self.ledger.record_step(action.id, key))
+        try:
+            if not any(e.action_id == action.id for e in self.ledger.executions):  # a resumed action counted once
+                isolated = adapter.isolated_nodes(session) if action.type in ISOLATING else set()
+                capped = cap_refusal(self.cfg, self.ledger.executions, action, self.clock(), isolated)
+                if capped is not None:
+                    log.warning("action %s (%s) refused: %s", action.id, action.type, capped)
+                    return status("refused", capped, session.commands, session.observed)
+                self.ledger.record_execution(Execution(self.clock(), action.id,
+                                                       tuple(action.nodes) if action.type in ISOLATING else ()))
+            log.warning("executing action %s (%s) for job %s through %s", action.id, action.type, action.job,
+                        self.adapter.name)
+            result = adapter.carry_out(action, event, session)
+        except Refused as exc:
+            log.warning("action %s (%s) refused: %s", action.id, action.type, exc)
+            return status("refused", str(exc), session.commands, session.observed)
+        except Pending as exc:
+            log.warning("action %s (%s) pending: %s", action.id, action.type, exc)
+            return status(PENDING, str(exc), session.commands, session.observed)
+        if not result.ok:
+            log.error("action %s failed: %s", action.id, result.detail)
+        return status("done" if result.ok else "failed", result.detail, session.commands, session.observed)
 
     def _run_steps(self, action_id: str, steps: list[Any]) -> Any:
         """Run the plan one step at a time, each recorded in the ledger when it finishes, so a runner
@@ -355,6 +454,20 @@ class ActionRunner:
         producer = Producer(bus, self.bootstrap)
         handled = 0
 
+        def send(outcome: Outcome) -> None:
+            for record in (outcome.status, outcome.dead_letter):
+                if record is not None:
+                    producer.send(record)
+                    self.metrics.messages_produced.labels(
+                        topic=topics.topic(type(record).KIND, bus.topic_prefix)).inc()
+
+        def retry_pending() -> None:
+            outcomes = self.retry_due()
+            for outcome in outcomes:
+                send(outcome)
+            if outcomes:
+                producer.flush(timeout_s=30)
+
         def handle_batch(messages: Any) -> None:
             nonlocal handled
             for m in messages:
@@ -364,12 +477,10 @@ class ActionRunner:
                 except Exception as exc:  # noqa: BLE001 - one bad action must not stop the runner
                     log.exception("runner: unexpected error on %s[%d]@%d", m.topic, m.partition, m.offset)
                     outcome = self._dead(m.value, "runner_error", repr(exc), m.partition, m.offset, m.key)
-                for record in (outcome.status, outcome.dead_letter):
-                    if record is not None:
-                        producer.send(record)
-                        self.metrics.messages_produced.labels(
-                            topic=topics.topic(type(record).KIND, bus.topic_prefix)).inc()
+                send(outcome)
                 handled += 1
+            for outcome in self.retry_due():
+                send(outcome)
             producer.flush(timeout_s=30)  # a BusError here: the loop rewinds; the ledger stops a second run
             observe_consumer_lag(self.metrics, consumer.raw)
 
@@ -383,7 +494,7 @@ class ActionRunner:
         if warning:
             log.warning("%s", warning)
         loop = ConsumeLoop(consumer, handle_batch, producer=producer, name="runner", max_records=100, poll_ms=poll_ms,
-                           metrics=self.metrics)
+                           metrics=self.metrics, on_idle=retry_pending)
         try:
             loop.run(stop, max_seconds=max_seconds)
         finally:
