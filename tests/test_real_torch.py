@@ -128,6 +128,14 @@ def test_ddp_ranks_waiting_in_backward_are_comm_and_the_stopped_rank_is_stuck() 
     assert hangroot.rank_state(0, active, CAT).category == "python"
 
 
+def test_the_simulators_ddp_wait_has_the_real_shape() -> None:
+    from faultlens.datasets import signal_stacks
+
+    sim = hangroot.rank_state(0, signal_stacks.pyspy_dump(100, "ddp_backward", "python train.py"), CAT)
+    real = hangroot.rank_state(0, _pyspy("stopped_rank", 0), CAT)
+    assert (sim.category, sim.rule, sim.frame) == (real.category, real.rule, real.frame)
+
+
 def test_py_spy_on_a_stopped_process_reports_it_stopped() -> None:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(pyspy).exists():
