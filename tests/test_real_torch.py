@@ -189,6 +189,23 @@ def test_nan_on_every_rank_blames_no_machine(tmp_path: Path) -> None:
     assert not [a for a in actions if a.type in ("evict_nodes", "adapt_parallelism")]
 
 
+def test_nan_on_every_rank_mutes_the_fail_slow_verdicts_of_its_window(tmp_path: Path) -> None:
+    """With the fail-slow gate off (the detector as it was), real jitter gives a fail-slow verdict on every
+    machine of the NaN run: the job-wide NaN's onset mutes them into its own incident (inhibit.toml)."""
+    import dataclasses
+
+    from faultlens.models.failslow import FailSlowParams
+
+    ungated = dataclasses.replace(FailSlowParams.from_catalog(), peer_z=0.0, min_peer_margin=-9.0, confirm_steps=1,
+                                  quiet_noise=9.0)
+    data = read_batch_dir(batch_dir("nan_all", tmp_path))
+    incidents, actions = diagnose_records(data.job, list(data.records()), Config(),
+                                          detectors=[FailSlowDetector(ungated)])
+    slow = [i for i in incidents if i.kind == "fail_slow"]
+    assert slow and all(i.status == "resolved" and "nan_loss_mutes_machine_slowdowns" in i.summary for i in slow)
+    assert [a.type for a in actions] == ["run_diagnostics"]
+
+
 # ---------------------------------------------------------------- step times of real CPU ranks
 
 
