@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from faultlens import flightrec
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.diagnosis.stacks import FRAME_RE, Thread, parse_processes, training_thread
 from faultlens.errors import CatalogError
@@ -337,6 +338,12 @@ def rank_roots(states: Mapping[int, RankState], topo: Topology, *, majority: Ite
         for r, n in _pipeline_terminals(states, topo).items():
             add(r, w["pipeline_points"], f"the p2p waits of {n} pipeline rank(s) lead to rank {r}'s stage")
     for r, whys in flight.items():
+        st = states.get(r)
+        if st is not None and st.category in ("missing", "stopped"):
+            # its silence in the Flight Recorder is the silence the stack dump already counted: not twice
+            whys = [x for x in whys if flightrec.NO_DUMP not in x]
+            if not whys:
+                continue
         add(r, w["flight_recorder"] + w["flight_recorder_more"] * (len(whys) - 1), "; ".join(whys[:2]))
     for r, why in gpu.items():
         add(r, w["gpu_outlier"], why)

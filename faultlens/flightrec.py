@@ -54,6 +54,7 @@ RANK_IN_NAME_RE = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 P2P_NAME_RE = re.compile(r"\b(send|recv|isend|irecv|_coalesced_p2p)\b", re.IGNORECASE)
 STATES = ("scheduled", "started", "completed")
 NEWEST_KNOWN = (2, 10)  # the newest dump version seen (torch 2.13/2.14); newer ones are read by field name
+NO_DUMP = "wrote no dump"  # the words of a silent rank's reason (diagnosis.hangroot does not count it twice)
 KEEP_COLLECTIVES = 16  # per process group: the wavefront needs the last few, not the whole ring buffer
 
 
@@ -288,5 +289,5 @@ def _no_dump(name: str, members: tuple[int, ...], last: Mapping[int, tuple[int, 
     waiting = [r for r, (seq, st, _) in last.items() if seq == front and st != "completed"]
     if not absent or not waiting or len(last) < 2 or len(absent) >= 0.5 * len(members):
         return {}
-    return {r: (f"Flight Recorder: rank {r} of process group {name} wrote no dump while {len(last)} rank(s) of it "
+    return {r: (f"Flight Recorder: rank {r} of process group {name} {NO_DUMP} while {len(last)} rank(s) of it "
                 f"did, {len(waiting)} of them waiting in collective #{front} ({op})") for r in absent}

@@ -123,6 +123,11 @@ def test_ddp_ranks_waiting_in_backward_are_comm_and_the_stopped_rank_is_stuck() 
     assert states[0].rule == "ddp_backward_allreduce" and "Failed to suspend process" in states[2].frame
     ranking = hangroot.rank_roots(states, Topology.from_job(JOB), majority=[0, 1, 3])
     assert ranking.roots == ["vn2"]
+    # its missing Flight Recorder dump is the same silence: counted once, from the stacks or (without them) the dumps
+    flight = flightrec.wavefront(_summaries("stopped_rank", "pickle"))
+    with_fr = hangroot.rank_roots(states, Topology.from_job(JOB), majority=[0, 1, 3], flight=flight)
+    assert with_fr.rank_scores[2] == ranking.rank_scores[2]
+    assert hangroot.rank_roots({}, Topology.from_job(JOB), flight=flight).roots == ["vn2"]
     # active (computing) in the same frame is not a wait
     active = _pyspy("stopped_rank", 0).replace("(idle)", "(active)")
     assert hangroot.rank_state(0, active, CAT).category == "python"
