@@ -234,8 +234,8 @@ def pyspy_text(case: HangCase, rank: int, what: str, detail: Any, rng: random.Ra
     pid = 30000 + rank * 7
     if what == "stuck" and detail == "stopped":
         return PYSPY_STOPPED.format(pid=pid, rank=rank)
-    header = 'Thread {tid} (idle): "MainThread"' if case.framework == "ddp_autograd" else rng.choice(['Thread {tid} (active+gil): "MainThread"', 'Thread {tid} (idle): "MainThread"',
-                         "Thread {tid} (active): \"MainThread\""]).format(tid=pid if rng.random() < 0.5 else f"0x7F{pid:08X}")
+    header = ('Thread {tid} (idle): "MainThread"' if case.framework == "ddp_autograd" else rng.choice(['Thread {tid} (active+gil): "MainThread"', 'Thread {tid} (idle): "MainThread"',
+                         "Thread {tid} (active): \"MainThread\""])).format(tid=pid if rng.random() < 0.5 else f"0x7F{pid:08X}")
     lines = [f"Process {pid}: /usr/bin/python -u train.py --rank {rank}", "Python v3.10.12 (/usr/bin/python3.10)", "", header]
     frames = _frames(case, what, detail, prefix)
     if "old_paths" in case.variants:  # Megatron before core/, torch 1.13's line numbers
