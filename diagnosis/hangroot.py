@@ -338,8 +338,8 @@ def rank_roots(states: Mapping[int, RankState], topo: Topology, *, majority: Ite
         for r, n in _pipeline_terminals(states, topo).items():
             add(r, w["pipeline_points"], f"the p2p waits of {n} pipeline rank(s) lead to rank {r}'s stage")
     for r, whys in flight.items():
-        st = states.get(r)
-        if st is not None and st.category in ("missing", "stopped"):
+        known = states.get(r)
+        if known is not None and known.category in ("missing", "stopped"):
             # its silence in the Flight Recorder is the silence the stack dump already counted: not twice
             whys = [x for x in whys if flightrec.NO_DUMP not in x]
             if not whys:
