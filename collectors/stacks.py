@@ -3,7 +3,9 @@
 Training processes are the children of a launcher (torchrun / torch.distributed.run,
 deepspeed, accelerate, mpirun/srun) found by walking /proc. Each dump runs with a
 timeout; a timeout, missing ptrace permission or a missing py-spy is reported in
-``StackDump.error``, never hidden.
+``StackDump.error``, never hidden. A stopped process (py-spy 0.4: "Failed to suspend
+process ... unexpected waitpid result", exit 1 in milliseconds; state T in /proc) is
+reported as stopped: diagnosis reads that as the rank being stuck, not as a gap.
 """
 
 from __future__ import annotations
@@ -97,6 +99,23 @@ def training_processes(job: str | None = None, table: dict[int, Proc] | None = N
     return sorted(procs, key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.pid))
 
 
+def process_state(pid: int, proc: str = "/proc") -> str | None:
+    """The one-letter state of a process from /proc/<pid>/stat (R, S, D, T stopped, t traced, Z), or None."""
+    stat = _read(f"{proc}/{pid}/stat")
+    if not stat:
+        return None
+    try:
+        return stat[stat.rindex(b")") + 2:].split()[0].decode()
+    except (ValueError, IndexError):
+        return None
+
+
+def _first_cause(err: str) -> str:
+    """py-spy's error and its causes on one line, without its Rust backtrace."""
+    head = err.split("Stack backtrace:", 1)[0]
+    return " / ".join(ln.strip() for ln in head.splitlines() if ln.strip())
+
+
 def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: float = 20.0,
                request_id: str | None = None, pyspy: str | None = None, subprocesses: bool = True) -> StackDump:
     """``py-spy dump --pid`` of one process; failures become ``StackDump.error``.
@@ -119,6 +138,12 @@ def dump_stack(pid: int, *, job: str, node: str, rank: int | None, timeout_s: fl
     if res.returncode != 0:
         err = (res.stderr or res.stdout).strip()
         low = err.lower()
+        state = process_state(pid)
+        if state in ("T", "t") or "failed to suspend process" in low:
+            # py-spy exits 1 within milliseconds on a stopped process: that is the hang's evidence, not a gap
+            where = f"process stopped (state {state} in /proc/{pid}/stat: SIGSTOP, a debugger or a hung machine)" \
+                if state in ("T", "t") else "process could not be suspended (stopped or traced)"
+            return StackDump(ts, job, node, rank, pid, res.stdout, request_id, f"{where}: {_first_cause(err)[:300]}")
         if "permission" in low or "ptrace" in low or "operation not permitted" in low:
             reason = f"permission denied (needs CAP_SYS_PTRACE or root): {err[:300]}"
         elif "no such process" in low or "failed to find" in low:

@@ -46,6 +46,15 @@ STATES: dict[str, list[tuple[str, str, int]]] = {
         ("finish_grad_sync", f"{_MEG}/core/distributed/param_and_grad_buffer.py", 364),
         ("finish_grad_sync", f"{_MEG}/core/distributed/distributed_data_parallel.py", 311),
     ] + _SCHEDULE + _OUTER,
+    # torch's own DistributedDataParallel waiting for its peers' gradients: the all-reduce runs inside
+    # autograd, so py-spy shows only the engine's entry, idle (a real gloo job, torch 2.13:
+    # tests/fixtures/real_torch/stopped_rank)
+    "ddp_backward": [
+        ("_engine_run_backward", f"{_TORCH}/autograd/graph.py", 979),
+        ("backward", f"{_TORCH}/autograd/__init__.py", 395),
+        ("Tensor.backward", f"{_TORCH}/_tensor.py", 623),
+        ("<module>", "train.py", 77),
+    ],
     # tensor-parallel peers waiting for rank tp=0 to broadcast the batch
     "broadcast": [
         ("broadcast", f"{_TORCH}/distributed/distributed_c10d.py", 2213),
@@ -100,7 +109,7 @@ STATES: dict[str, list[tuple[str, str, int]]] = {
     ] + _GET_BATCH + _FWD_STEP + _SCHEDULE + _OUTER,
 }
 _LINE_FIX = {"linear": 2025, "wait": 4399, "_read": 241}
-IDLE_STATES = frozenset({"stuck_dataloader", "dataloader_wait", "stuck_io"})
+IDLE_STATES = frozenset({"stuck_dataloader", "dataloader_wait", "stuck_io", "ddp_backward"})
 
 _PIN_MEMORY = [
     ("do_one_step", f"{_TORCH}/utils/data/_utils/pin_memory.py", 31),

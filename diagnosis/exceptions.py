@@ -17,7 +17,9 @@ INFRA_EXCEPTION_RE = re.compile(
     r"NCCL|DistBackendError|ProcessGroup|Watchdog|ncclRemoteError|ncclSystemError|ncclInternalError|"
     r"CUDA error: (?:an illegal|unspecified launch|uncorrectable ECC|ECC)|uncorrectable ECC|Xid|"
     r"Connection (?:reset|refused|closed)|Broken pipe|BrokenPipeError|TCPStore|SIGKILL|Signals?\.SIGKILL|"
-    r"ChildFailedError|timed out|timeout", re.IGNORECASE)
+    r"ChildFailedError|timed out|timeout|"
+    # torchrun's elastic agent stopped by its scheduler: the launcher's signal, not the training code
+    r"SignalException|got signal:? ?\d+", re.IGNORECASE)
 EXCEPTION_LINE_RE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:?.*)$")
 _NUM_RE = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _TRACEBACK_KINDS = frozenset({"exception", "traceback", "python_exception"})

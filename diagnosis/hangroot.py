@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from faultlens import flightrec
 from faultlens.diagnosis.rules import CATALOGS, load_toml
 from faultlens.diagnosis.stacks import FRAME_RE, Thread, parse_processes, training_thread
 from faultlens.errors import CatalogError
@@ -37,7 +38,8 @@ from faultlens.stream.topology import DIMS, Topology
 
 FRAMES_CATALOG = CATALOGS / "frames.toml"
 CATEGORIES = ("comm", "device", "input", "storage")
-STUCK = frozenset({"device", "input", "storage"})  # not waiting on communication: waiting on something else
+# not waiting on communication: waiting on something else, or not running at all (a stopped process)
+STUCK = frozenset({"device", "input", "storage", "stopped"})
 # A child process idle in its task queue is a healthy dataloader worker, not evidence.
 IDLE_CHILD_RULES = frozenset({"input_queue", "dataloader"})
 
@@ -48,6 +50,7 @@ class FrameRule:
     category: str
     func: re.Pattern[str]
     file: re.Pattern[str] | None
+    state: re.Pattern[str] | None = None  # py-spy's thread state ("idle", "active", "gil"): None is any
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,24 @@ class FrameCatalog:
     scores: Mapping[str, float]
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def classify(self, frame: str) -> FrameRule | None:
-        """The first rule matching one py-spy frame line (``func (file:line)``), else None."""
+    def classify(self, frame: str, state: str = "") -> FrameRule | None:
+        """The first rule matching one py-spy frame line (``func (file:line)``) of a thread in ``state``."""
         m = FRAME_RE.match("  " + frame)
         func, path = (m["func"], m["loc"]) if m else (frame, "")
         for rule in self.rules:
-            if rule.func.search(func) and (rule.file is None or rule.file.search(path)):
+            if rule.func.search(func) and (rule.file is None or rule.file.search(path)) and (
+                    rule.state is None or rule.state.search(state)):
                 return rule
+        return None
+
+    def stopped(self, text: str) -> str | None:
+        """The line saying the process is stopped (SIGSTOP, a hung machine) in a dump or its error, else None."""
+        for pattern in self.evidence.get("stopped_patterns", ()):
+            m = pattern.search(text)
+            if m:
+                line_start = text.rfind("\n", 0, m.start()) + 1
+                line_end = text.find("\n", m.end())
+                return text[line_start:line_end if line_end >= 0 else None].strip()[:200]
         return None
 
     def direction(self, frames: Iterable[str]) -> str | None:
@@ -98,7 +112,8 @@ def parse_frames_catalog(data: Mapping[str, Any], source: str = str(FRAMES_CATAL
         if not entry.get("func"):
             raise CatalogError(f"{where}: func (a regex) is required", file=source)
         rules.append(FrameRule(str(entry.get("name", f"frame{i}")), entry["category"], _compile(entry["func"], where),
-                               _compile(entry["file"], where) if entry.get("file") else None))
+                               _compile(entry["file"], where) if entry.get("file") else None,
+                               _compile(entry["state"], where) if entry.get("state") else None))
     directions = []
     for i, entry in enumerate(data.get("direction", [])):
         if entry.get("points") not in ("prev", "next"):
@@ -111,6 +126,8 @@ def parse_frames_catalog(data: Mapping[str, Any], source: str = str(FRAMES_CATAL
         raise CatalogError(f"[scores] lacks {', '.join(sorted(missing))}", file=source)
     evidence = dict(data.get("evidence") or {})
     evidence.setdefault("machine_fault_kinds", [])
+    evidence["stopped_patterns"] = tuple(_compile(str(x), f"[evidence] stopped_patterns[{i}]")
+                                         for i, x in enumerate(evidence.get("stopped_patterns") or ()))
     for key, default in (("window_s", 900.0), ("gpu_util_gap", 40.0), ("gpu_power_ratio", 0.45), ("gpu_max_share", 0.1)):
         evidence[key] = float(evidence.get(key, default))
     return FrameCatalog(tuple(rules), tuple(directions), scores, evidence)
@@ -131,7 +148,7 @@ class RankState:
     """What one rank's dump says it is doing."""
 
     rank: int
-    category: str  # comm | device | input | storage | python | missing
+    category: str  # comm | device | input | storage | python | stopped | missing
     rule: str = ""  # the frames.toml entry that decided it
     frame: str = ""  # the frame it matched
     points: str | None = None  # a p2p wait: "prev" or "next" pipeline stage
@@ -145,20 +162,27 @@ class RankState:
         if self.category == "missing":
             return self.frame or "no stack answered"
         what = {"comm": "waiting on communication", "device": "waiting on the GPU", "input": "waiting on input data",
-                "storage": "in storage I/O", "python": "running Python, not waiting"}[self.category]
+                "storage": "in storage I/O", "python": "running Python, not waiting",
+                "stopped": "its process is stopped (not scheduled: SIGSTOP, a hung machine)"}[self.category]
         return f"{what}: {self.frame}" if self.frame else what
 
 
 def _innermost(thread: Thread, catalog: FrameCatalog) -> tuple[FrameRule | None, str]:
     for frame in thread.frames:
-        rule = catalog.classify(frame)
+        rule = catalog.classify(frame, thread.state)
         if rule is not None:
             return rule, frame
     return None, thread.frames[0] if thread.frames else ""
 
 
 def rank_state(rank: int, text: str, catalog: FrameCatalog, *, error: str | None = None) -> RankState:
-    """Classify one rank's dump (its first process is the rank; later ones its subprocesses)."""
+    """Classify one rank's dump (its first process is the rank; later ones its subprocesses).
+
+    A dump that failed because the process is stopped (py-spy: "Failed to suspend process ...
+    unexpected waitpid result"; the agent: state T in /proc) is evidence, not missing data."""
+    stopped = catalog.stopped(f"{error or ''}\n{text}")
+    if stopped is not None:
+        return RankState(rank, "stopped", "stopped_process", stopped)
     if error or not text.strip():
         return RankState(rank, "missing", frame=f"stack dump failed: {error}" if error else "empty stack dump")
     processes = parse_processes(text)
@@ -314,6 +338,12 @@ def rank_roots(states: Mapping[int, RankState], topo: Topology, *, majority: Ite
         for r, n in _pipeline_terminals(states, topo).items():
             add(r, w["pipeline_points"], f"the p2p waits of {n} pipeline rank(s) lead to rank {r}'s stage")
     for r, whys in flight.items():
+        known = states.get(r)
+        if known is not None and known.category in ("missing", "stopped"):
+            # its silence in the Flight Recorder is the silence the stack dump already counted: not twice
+            whys = [x for x in whys if flightrec.NO_DUMP not in x]
+            if not whys:
+                continue
         add(r, w["flight_recorder"] + w["flight_recorder_more"] * (len(whys) - 1), "; ".join(whys[:2]))
     for r, why in gpu.items():
         add(r, w["gpu_outlier"], why)

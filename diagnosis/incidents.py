@@ -376,6 +376,11 @@ class IncidentBook:
         self.incidents[inc.id] = inc
         self._by_key[key] = inc.id
         self._absorb(inc, signal)
+        if signal.role == "job":
+            # A job-wide event explains per-machine symptoms from its onset, before it is decided:
+            # inhibit rules name it "<kind>_onset" (a NaN on every rank mutes fail-slow verdicts of its window)
+            self.inhibitor.note_cause(Cause(f"{signal.kind}_onset", signal.job, None, signal.ts, inc.id))
+            self._mute_existing(inc, any_role=True)
         if signal.role in ("cause", "alert"):
             self.inhibitor.note_cause(Cause(signal.kind, signal.job, signal.node, signal.ts, inc.id))
             if signal.role == "alert" or inc.state.severity not in (None, "critical"):
@@ -445,10 +450,12 @@ class IncidentBook:
         self.inhibitor.note_cause(Cause(action, inc.job, inc.node, inc.opened_ts, inc.id))
         self._mute_existing(inc)
 
-    def _mute_existing(self, cause_inc: OpenIncident) -> None:
-        """A new cause mutes open symptom incidents of its job that nothing has acted on yet."""
+    def _mute_existing(self, cause_inc: OpenIncident, *, any_role: bool = False) -> None:
+        """A new cause mutes open symptom incidents of its job that nothing has acted on yet (with ``any_role``,
+        also machine verdicts a rule names: a job-wide event's onset mutes the fail-slow verdicts of its window)."""
         for other in self.open_incidents(cause_inc.job):
-            if other is cause_inc or other.actions or other.role in ("cause", "alert") or other.state.is_cause:
+            if other is cause_inc or other.actions or other.state.is_cause or (
+                    not any_role and other.role in ("cause", "alert")):
                 continue
             muted = self.inhibitor.muted_by(other.kind, other.role, other.job, other.node, other.opened_ts,
                                             exclude_incident=other.id)

@@ -49,6 +49,13 @@ class FailSlowParams:
     job_warmup_steps: int = 50  # healthy steps before the job-level step-time fit is trusted
     refit_every: int = 25
     window_steps: int = 200
+    peer_z: float = 3.0  # a machine's excess over the peers' median must be this many noise scales ...
+    min_peer_margin: float = 0.04  # ... and at least this (log units) over the peers and over its own baseline
+    noise_floor: float = 0.01  # the job's noise scale (robust spread of its ranks' log ratios) is never below this
+    baseline_alpha: float = 0.02  # weight of a step in a rank's own baseline (out of alarm runs only)
+    confirm_steps: int = 2  # an alarm run shorter than this is not blamed, whatever its size ...
+    quiet_noise: float = 0.03  # ... on a job this quiet; a noisier job's alarms must last noise/quiet_noise times longer
+    max_confirm_steps: int = 16  # (never more than this)
 
     @classmethod
     def from_catalog(cls, path: str | None = None) -> FailSlowParams:
@@ -65,6 +72,7 @@ class _Job:
     job_cusum: float = 0.0
     job_alarm_steps: int = 0
     job_alarm_excess: list[float] = field(default_factory=list)  # log excess of the current alarm run
+    compute_alarm_steps: int = 0  # consecutive steps with most ranks' compute alarming together
     job_slow_reported: bool = False
     overhead: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=200))  # (max pred, duration)
     duration_fit: np.ndarray | None = None
@@ -76,6 +84,9 @@ class _Job:
     expected: int = 0
     steps: int = 0
     scored_upto: int = -1  # highest step scored
+    run_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sum of the excess over the peers' median, per run
+    baseline: np.ndarray = field(default_factory=lambda: np.zeros(0))  # a rank's own usual excess over its peers
+    spread: deque[float] = field(default_factory=lambda: deque(maxlen=200))  # per step: robust spread of log ratios
 
 
 class FailSlowDetector:
@@ -154,6 +165,8 @@ class FailSlowDetector:
             job.cusum = np.concatenate([job.cusum, np.zeros(grow)])
             job.run_len = np.concatenate([job.run_len, np.zeros(grow, dtype=np.int64)])
             job.run_sum = np.concatenate([job.run_sum, np.zeros(grow)])
+            job.run_rel = np.concatenate([job.run_rel, np.zeros(grow)])
+            job.baseline = np.concatenate([job.baseline, np.zeros(grow)])
         return np.fromiter((job.rank_index[int(r)] for r in ranks), dtype=np.int64, count=len(ranks))
 
     # ---- scoring
@@ -174,7 +187,16 @@ class FailSlowDetector:
         job.run_len[idx] = np.where(s > 0, np.where(started, 1, job.run_len[idx] + 1), 0)
         job.run_sum[idx] = np.where(s > 0, np.where(started, x, job.run_sum[idx] + x), 0.0)
         job.cusum[idx] = s
+        # Against the peers: the excess of each rank over the median rank at this very step (a step that
+        # slowed the whole job moves the median too), scaled by how much ranks spread apart on this job.
+        d = x - float(np.median(x))
+        job.spread.append(1.4826 * float(np.median(np.abs(d))))
+        job.run_rel[idx] = np.where(s > 0, np.where(started, d, job.run_rel[idx] + d), 0.0)
+        quiet = s == 0  # against its own history: a rank's usual excess, learnt out of alarm runs only
+        job.baseline[idx] = np.where(quiet, job.baseline[idx] + self.params.baseline_alpha * (d - job.baseline[idx]),
+                                     job.baseline[idx])
         alarm = s > self.params.threshold
+        blamed = alarm & self._sustained(job, idx)
 
         wait = float(np.nanmedian(res.comm_s)) if np.isfinite(res.comm_s).any() else math.nan
         max_pred = float(np.nanmax(res.predicted_s))
@@ -183,12 +205,19 @@ class FailSlowDetector:
         frac = float(alarm.mean())
         # Without fwd/bwd/comm a rank's time is the whole step's, shared by all: nothing to localise.
         breakdown = any(r.comm_s is not None or r.fwd_s is not None for r in recs)
+        together = float(np.exp(np.median(x)) - 1.0)
+        job.compute_alarm_steps = job.compute_alarm_steps + 1 if (frac >= self.params.job_fraction or (
+            alarm.any() and not breakdown)) else 0
+        # The whole job slower together: for long enough (longer on a noisy job) and by a real margin.
+        job_level = job.compute_alarm_steps >= self._steps_needed(job, 1) and together >= self._job_margin(job)
         if alarm.any() and not breakdown:
-            out += self._job_slow(name, job, res, reason="step", figure=float(np.exp(np.median(x)) - 1.0))
-        elif frac >= self.params.job_fraction:
-            out += self._job_slow(name, job, res, reason="compute", figure=float(np.exp(np.median(x)) - 1.0))
-        elif alarm.any():
-            out += self._localise(name, job, res, alarm, x)
+            if job_level:
+                out += self._job_slow(name, job, res, reason="step", figure=together)
+        elif blamed.any():
+            # A rank clear of its peers is a machine, even while a stale fit has most ranks alarming.
+            out += self._localise(name, job, res, blamed, x)
+        elif frac >= self.params.job_fraction and job_level:
+            out += self._job_slow(name, job, res, reason="compute", figure=together)
         # Duration with no compute behind it: every rank waited on something outside the GPUs.
         # Step time ~ c0 + c1 * (slowest rank's predicted compute): pipeline fill/drain grows
         # with the work, the all-reduce and optimizer step do not.
@@ -205,8 +234,8 @@ class FailSlowDetector:
             else:
                 job.job_alarm_steps, job.job_alarm_excess = 0, []
             excess = math.expm1(float(np.mean(job.job_alarm_excess[-self.params.job_confirm_steps:]))) if job.job_alarm_excess else 0.0
-            if (job.job_alarm_steps >= self.params.job_confirm_steps and not alarm.any()
-                    and excess >= self.params.min_job_slowdown):
+            if (job.job_alarm_steps >= self._steps_needed(job, self.params.job_confirm_steps) and not alarm.any()
+                    and excess >= self._job_margin(job)):
                 out += self._job_slow(name, job, res, reason="duration", figure=excess)
         healthy_step = not alarm.any() and job.job_cusum == 0.0
         if healthy_step:
@@ -226,6 +255,36 @@ class FailSlowDetector:
                 topo = self._topologies.get(name)
                 job.predictor.excluded -= set(topo.ranks_on(node)) if topo else set()
         return out
+
+    def noise(self, job: _Job) -> float:
+        """The job's noise scale: the median over recent steps of its ranks' robust spread (log units)."""
+        return max(self.params.noise_floor, float(np.median(job.spread)) if job.spread else 0.0)
+
+    def _steps_needed(self, job: _Job, base: int) -> int:
+        """``base`` steps on a quiet job; proportionally more on a noisy one (contention comes in bursts)."""
+        p = self.params
+        scale = max(1.0, self.noise(job) / p.quiet_noise)
+        return int(min(max(base, p.max_confirm_steps), math.ceil(base * scale)))
+
+    def _job_margin(self, job: _Job) -> float:
+        """The least job-wide excess that is a slowdown and not the job's own jitter."""
+        return max(self.params.min_job_slowdown, math.expm1(self.noise(job)))
+
+    def _sustained(self, job: _Job, idx: np.ndarray) -> np.ndarray:
+        """Ranks whose alarm run stands clear of their peers and of their own history.
+
+        A machine is slow only against both: over the run, its mean excess over the median rank must
+        exceed ``peer_z`` noise scales (and ``min_peer_margin``), measured from its own usual excess when
+        that is positive (a rank that always lags a little is not slower today), for ``confirm_steps``.
+        On a quiet GPU fleet (spread ~1.5%) a 10% slowdown clears this; on jittery CPU ranks (spread
+        10-30%, contention phases that last a hundred steps) it takes a real slowdown, not a phase.
+        """
+        p = self.params
+        n = job.run_len[idx]
+        rel = job.run_rel[idx] / np.maximum(n, 1)
+        need = max(p.min_peer_margin, p.peer_z * self.noise(job))
+        steps = self._steps_needed(job, p.confirm_steps)
+        return (n >= steps) & (rel >= need) & (rel - np.maximum(job.baseline[idx], 0.0) >= need)
 
     def _localise(self, name: str, job: _Job, res: StepResiduals, alarm: np.ndarray,
                   x: np.ndarray) -> list[Finding]:

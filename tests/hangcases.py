@@ -57,6 +57,8 @@ OUTER = {
                   ("main", "train_ds.py", 150), ("<module>", "train_ds.py", 160)],
     "ddp": [("train_one_epoch", "/workspace/trainer/loop.py", 88), ("fit", "/workspace/trainer/loop.py", 141),
             ("main", "/workspace/train.py", 57), ("<module>", "/workspace/train.py", 71)],
+    # torch's own DDP (gloo or NCCL): the gradient all-reduce waits inside autograd (tests/fixtures/real_torch)
+    "ddp_autograd": [("train_step", "/workspace/train.py", 77), ("<module>", "/workspace/train.py", 120)],
     "lightning": [("advance", "lightning/pytorch/loops/training_epoch_loop.py", 250),
                   ("run", "lightning/pytorch/loops/fit_loop.py", 205), ("_run_stage", "lightning/pytorch/trainer/trainer.py", 1025),
                   ("fit", "lightning/pytorch/trainer/trainer.py", 538), ("main", "/workspace/nemo_train.py", 44)],
@@ -72,6 +74,8 @@ COLLECTIVE = {  # (innermost frames) of a rank waiting in a collective, per fram
                   ("allreduce_bucket", "deepspeed/runtime/engine.py", 2341)],
     "ddp": [("all_reduce", "torch/distributed/distributed_c10d.py", 1700),
             ("_sync_grads", "/workspace/trainer/ddp_utils.py", 31), ("step", "/workspace/trainer/loop.py", 64)],
+    "ddp_autograd": [("_engine_run_backward", "torch/autograd/graph.py", 979), ("backward", "torch/autograd/__init__.py", 395),
+                     ("Tensor.backward", "torch/_tensor.py", 623)],
     "lightning": [("_reduce_scatter_base", "torch/distributed/distributed_c10d.py", 3310),
                   ("_reduce_grad", "torch/distributed/fsdp/_runtime_utils.py", 820),
                   ("_post_backward_hook", "torch/distributed/fsdp/_runtime_utils.py", 741)],
@@ -137,7 +141,13 @@ STUCK = {  # where the stuck rank waits; (frames innermost first, GPU util, powe
                    ("save_state_dict", "torch/distributed/checkpoint/state_dict_saver.py", 150)], 0, 0.15),
     "python_loop": ([("_pack_sequences", "/workspace/data/packing.py", 118), ("collate", "/workspace/data/packing.py", 140),
                      ("step", "/workspace/trainer/loop.py", 61)], 0, 0.15),
+    # SIGSTOPped (its machine hung): py-spy cannot suspend it (PYSPY_STOPPED) and it writes no Flight Recorder dump
+    "stopped": ([], 0, 0.15),
 }
+# what py-spy 0.4.3 printed for a SIGSTOPped rank (tests/fixtures/real_torch/stopped_rank/pyspy_rank2.*)
+PYSPY_STOPPED = ("Process {pid}: /usr/bin/python -u train.py --rank {rank}\nPython v3.10.12 (/usr/bin/python3.10)\n\n"
+                 "Error: Failed to get stack traces\n\nCaused by:\n    0: Failed to suspend process\n"
+                 "    1: unexpected waitpid result PtraceEvent(Pid({pid}), SIGSTOP, 128) to {pid}\n")
 IDLE_POWER_W, BUSY_POWER_W = 95.0, 640.0
 
 
@@ -214,14 +224,18 @@ def _frames(case: HangCase, what: str, detail: Any, prefix: str) -> list[str]:
         inner = P2P_WAIT[("deepspeed" if fw == "deepspeed" else "megatron", detail)]
     else:
         inner = COLLECTIVE[fw]
+    if case.framework == "ddp_autograd" and what != "stuck":
+        inner = COLLECTIVE[fw]  # every peer of a DDP job waits in the gradient all-reduce, whatever the stuck rank does
     return [_f(f, p, ln, prefix) if ln else f"{f} ({p})" for f, p, ln in inner + outer]
 
 
 def pyspy_text(case: HangCase, rank: int, what: str, detail: Any, rng: random.Random) -> str:
     prefix = PREFIXES[case.seed % len(PREFIXES)]  # one install per job
     pid = 30000 + rank * 7
-    header = rng.choice(['Thread {tid} (active+gil): "MainThread"', 'Thread {tid} (idle): "MainThread"',
-                         "Thread {tid} (active): \"MainThread\""]).format(tid=pid if rng.random() < 0.5 else f"0x7F{pid:08X}")
+    if what == "stuck" and detail == "stopped":
+        return PYSPY_STOPPED.format(pid=pid, rank=rank)
+    header = ('Thread {tid} (idle): "MainThread"' if case.framework == "ddp_autograd" else rng.choice(['Thread {tid} (active+gil): "MainThread"', 'Thread {tid} (idle): "MainThread"',
+                         "Thread {tid} (active): \"MainThread\""])).format(tid=pid if rng.random() < 0.5 else f"0x7F{pid:08X}")
     lines = [f"Process {pid}: /usr/bin/python -u train.py --rank {rank}", "Python v3.10.12 (/usr/bin/python3.10)", "", header]
     frames = _frames(case, what, detail, prefix)
     if "old_paths" in case.variants:  # Megatron before core/, torch 1.13's line numbers
@@ -320,6 +334,8 @@ def flight_dump(case: HangCase, topo: Topology, rank: int, states: dict[int, tup
                             "p2p_seq_id": 41, "op_id": 500, "profiling_name": "nccl:recv 0<-1", "is_p2p": True,
                             "state": "started", "time_created_ns": int(T0 * 1e9), "input_sizes": [], "frames": []})
             record += 1
+    if "gloo" in case.variants:
+        return _gloo_dump(entries, pgs, names)
     dump: dict[str, Any] = {"version": version, "entries": entries}
     if major >= 2:
         dump["pg_config"] = {names[k]: {"name": names[k], "desc": k, "ranks": str(list(pgs[k]))} for k in pgs}
@@ -329,6 +345,26 @@ def flight_dump(case: HangCase, topo: Topology, rank: int, states: dict[int, tup
     else:
         dump["pg_config"] = {names[k]: {"name": names[k], "desc": k, "ranks": list(pgs[k])} for k in pgs}
     return dump
+
+
+def _gloo_dump(entries: list[dict[str, Any]], pgs: dict[str, tuple[int, ...]], names: dict[str, str]) -> dict[str, Any]:
+    """The same collectives as torch 2.13's gloo writes them (tests/fixtures/real_torch): version "2.10",
+    ``gloo:`` names, every entry "scheduled" for ever (completion only in ``retired`` and pg_status, nothing
+    ever "started"), the data-parallel group configured under ``''`` while its entries name it, no comm lib."""
+    status: dict[str, dict[str, int]] = {}
+    for e in entries:
+        e["profiling_name"] = str(e["profiling_name"]).replace("nccl:", "gloo:")
+        done = e["state"] == "completed"
+        e.update(state="scheduled", retired=done, time_discovered_started_ns=None, time_discovered_completed_ns=None)
+        st = status.setdefault(str(e["pg_id"]), {"last_enqueued_collective": -1, "last_started_collective": -1,
+                                                 "last_completed_collective": -1})
+        seq = int(e.get("collective_seq_id", 0))
+        st["last_enqueued_collective"] = max(st["last_enqueued_collective"], seq)
+        if done:
+            st["last_completed_collective"] = max(st["last_completed_collective"], seq)
+    config = {("" if k == "dp" else names[k]): {"name": "" if k == "dp" else names[k], "desc": "" if k == "dp" else k,
+                                                "ranks": str(list(pgs[k]))} for k in pgs if len(pgs[k]) > 1}
+    return {"version": "2.10", "pg_config": config, "pg_status": status, "comm_lib_version": "", "entries": entries}
 
 
 # ---------------------------------------------------------------------------- the directory
@@ -399,8 +435,8 @@ def write_case(case: HangCase, d: Path) -> Path:
         fr.mkdir(exist_ok=True)
         silent = set(topo.ranks_on(case.silent_node)) if case.silent_node else set()
         for r in range(world):
-            if r in silent:
-                continue
+            if r in silent or case.stuck.get(r) == "stopped":
+                continue  # a stopped process writes nothing
             dump = flight_dump(case, topo, r, states)
             if case.flight == "json":
                 (fr / f"nccl_trace_rank_{r}.json").write_text(json.dumps(dump))
@@ -462,6 +498,12 @@ def cases() -> list[HangCase]:
         gpu_evidence=False)
     add("fr-and-stacks-pipeline", 8, 8, 4, 2, stuck={17: "cuda_sync"}, flight="pickle", fr_version="2.4")
     add("fr-and-stacks-silent-node", 8, 8, 1, 8, silent_node="node-06", flight="pickle")
+    # torch 2.13 over gloo, as a real run printed it (tests/fixtures/real_torch): DDP waits inside autograd,
+    # a SIGSTOPped rank that py-spy cannot suspend and that writes no dump; a rank behind, dumps only
+    add("gloo-ddp-stopped-rank", 4, 1, 1, 32, framework="ddp_autograd", stuck={13: "stopped"}, flight="pickle",
+        variants=("gloo",), gpu_evidence=False)
+    add("gloo-ddp-fr-only-behind", 4, 1, 1, 32, framework="ddp_autograd", stuck={22: "python_loop"}, flight="json",
+        stacks=False, variants=("gloo",), gpu_evidence=False)
     add("xid79-and-stacks", 4, 8, 1, 4, stuck={19: "cuda_sync"}, xid=XID79)
     # the same faults as a different fleet prints them
     add("native-frames-cuda", 8, 8, 1, 8, stuck={29: "cuda_sync"}, variants=("native",))
