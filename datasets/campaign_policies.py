@@ -1,0 +1,175 @@
+"""The five ways of handling a campaign failure (datasets/campaign.py runs them on the same draw).
+
+Each policy turns one failure into the attempts it makes (``Attempt``: detection, localisation,
+the action, the machines it takes out, whether that fixes the fault), every figure from
+campaign_costs.toml (with its source) or, for faultlens, from a draw of its kind's measured
+decisions (campaign_outcomes.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from faultlens.datasets.campaign import STOPPED, Attempt, Failure, FailureKind, PolicyContext
+from faultlens.datasets.campaign_render import Decision
+from faultlens.vocabulary import ActionType
+
+A = ActionType
+
+
+def _fix(k: FailureKind) -> tuple[str, int]:
+    """The right action once the culprit is known: (action, machines out)."""
+    if k.machine_fault:
+        return "evict", 1
+    if k.rendered == "user_exception":
+        return "rollback", 0
+    return "restart", 0
+
+
+def human(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (a): an on-call human, paged on a crash, localising by hand, watching a dashboard."""
+    p = "none"
+    lo, hi = ctx.c(p, "localise_min_s"), ctx.c(p, "localise_max_s")
+    by_hand = lo + f.u_localise * (hi - lo)
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.fault_class == "fail_slow":
+        if k.job_wide:  # noticed, but there is no machine to take out
+            return [Attempt(None, 0.0, "none", fixed=False)]
+        return [Attempt(ctx.c(p, "failslow_notice_s"), by_hand, "evict", 1, faulty_out=True)]
+    action, machines = _fix(k)
+    paged = ctx.c(p, "crash_detect_s") + ctx.c(p, "page_s")
+    if k.fault_class == "nan":
+        return [Attempt(paged, ctx.job("nan_manual_s"), action, machines, faulty_out=machines > 0)]
+    if k.fault_class == "hang":
+        hlo, hhi = ctx.c(p, "hang_localise_min_s"), ctx.c(p, "hang_localise_max_s")
+        return [Attempt(ctx.spec.get("nccl_timeout_s") + paged, hlo + f.u_localise * (hhi - hlo), action, machines,
+                        faulty_out=machines > 0)]
+    return [Attempt(paged, by_hand, action, machines, faulty_out=machines > 0)]
+
+
+def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (b): restart whatever stopped, with the platform's periodic node health checks (RSC);
+    people take over what comes back and what is slow."""
+    p = "restart"
+    checked = str(ctx.costs[f"policy.{p}"]["health_checked"].value).split(",")
+    check_s = f.u_check * ctx.c(p, "health_check_interval_s")
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.rendered in checked:  # the check drains the node: the scheduler restarts on a good one
+        if k.fault_class == "fail_slow":
+            return [Attempt(check_s, 0.0, "evict", 1, faulty_out=True)]
+        detect = ctx.c(p, "crash_detect_s")
+        return [Attempt(detect, max(0.0, check_s - detect), "evict", 1, faulty_out=True)]
+    if k.fault_class == "fail_slow":
+        return human(ctx, f, k)
+    detect = ctx.spec.get("nccl_timeout_s") if k.fault_class == "hang" else ctx.c(p, "crash_detect_s")
+    tries = [Attempt(detect, 0.0, "restart", fixed=k.restart_fixes)]
+    if k.restart_fixes:
+        return tries
+    for _ in range(int(ctx.c(p, "blind_restarts")) - 1):
+        tries.append(Attempt(detect, 0.0, "restart", fixed=False))
+    return tries + human(ctx, f, k)
+
+
+RESOLVE = {"gpu_lost": "resolve_gpu_unavailable_s", "ecc_uncorrectable": "resolve_gpu_memory_s",
+           "row_remap_failure": "resolve_gpu_memory_s", "nvlink_error": "resolve_cuda_s",
+           "ib_link_persistent": "resolve_infiniband_s"}
+
+
+def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (c): ByteRobust-style inspection; a machine for explicit faults, the PP group for hangs.
+
+    BR Table 6 times run from localisation to a successful restart: only what exceeds the platform's
+    own restart is charged as localisation (no double charge)."""
+    p = "group_evict"
+    group = ctx.spec.nodes_per_replica
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]  # one flap: tolerated (2 alerts in 5 min to evict)
+    if k.fault_class == "nan":
+        action, machines = _fix(k)
+        resolve = max(0.0, ctx.job("nan_resolution_s") - ctx.restart_floor(machines))
+        return [Attempt(ctx.c(p, "crash_detect_s"), resolve, action, machines, faulty_out=machines > 0)]
+    if k.fault_class == "fail_slow":
+        if k.job_wide:  # every rank alike: aggregation finds no odd group
+            return [Attempt(None, 0.0, "none", fixed=False)]
+        if k.rendered == "thermal_throttle":
+            return [Attempt(ctx.c(p, "thermal_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+        if k.rendered == "pcie_degradation":
+            return [Attempt(ctx.c(p, "pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+        return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
+    if k.fault_class == "hang":
+        return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
+    if k.rendered == "user_exception":
+        return [Attempt(ctx.c(p, "crash_detect_s"), max(0.0, ctx.c(p, "resolve_code_s") - ctx.restart_floor(0)),
+                        "rollback")]
+    if not k.machine_fault:
+        return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "restart", fixed=k.restart_fixes)] + (
+            [] if k.restart_fixes else human(ctx, f, k))
+    detect = ctx.c(p, "network_detect_s") if k.rendered.startswith("ib_") else ctx.c(p, "gpu_detect_s")
+    resolve = ctx.c(p, RESOLVE.get(k.rendered, "resolve_cuda_s"))
+    return [Attempt(detect, max(0.0, resolve - ctx.restart_floor(1)), "evict", 1, faulty_out=True)]
+
+
+def oracle(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (e): knows at once what broke and does the right thing."""
+    if k.fault_class == "transient" or (k.fault_class == "fail_slow" and k.job_wide):
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.fault_class == "fail_slow":  # the cheapest of evicting, riding it out and the planner's plan (if any)
+        ds = [d for d in ctx.outcomes.get(k.rendered, ()) if d.right and d.adapt_ratio is not None]
+        best = max(ds, key=lambda d: d.adapt_ratio or 0.0, default=None)
+        return [Attempt(0.0, 0.0, "best", 1, faulty_out=True, adapt_ratio=best.adapt_ratio if best else 1.0,
+                        adapt_pause_s=best.adapt_pause_s if best else 0.0)]
+    action, machines = _fix(k)
+    return [Attempt(0.0, 0.0, action, machines, faulty_out=machines > 0)]
+
+
+def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision) -> Attempt:
+    """What one measured decision does to this failure."""
+    stopped = k.fault_class in STOPPED
+    act = d.action
+    if act in ("none", A.NOTIFY) or d.detect_s is None:
+        return Attempt(None, 0.0, "none", fixed=not stopped and k.fault_class != "fail_slow")
+    detect, decide = d.detect_s, d.decide_s
+    if act == A.ADAPT_PARALLELISM and k.fault_class == "fail_slow":
+        return Attempt(detect, decide, "adapt", fixed=d.culprit_named, adapt_ratio=d.adapt_ratio or 1.0,
+                       adapt_pause_s=d.adapt_pause_s)
+    if act in (A.EVICT_NODES, A.ADAPT_PARALLELISM):
+        fixed = (d.culprit_named and k.machine_fault) or k.restart_fixes
+        return Attempt(detect, decide, "evict", d.named, fixed=fixed, faulty_out=d.culprit_named)
+    if act == A.RUN_DIAGNOSTICS:  # stop-time checks, fallible (BR 9 recall); when they pass, a reattempt
+        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job("stop_time_check_s")
+        if f.u_recall < ctx.job("diagnostics_recall"):
+            action, machines = _fix(k)
+            return Attempt(detect, decide + check, action, machines, faulty_out=machines > 0)
+        return Attempt(detect, decide + check, "restart", fixed=k.restart_fixes)
+    if act == A.ROLLBACK_CODE:
+        return Attempt(detect, decide, "rollback", fixed=k.rendered == "user_exception" or k.restart_fixes)
+    return Attempt(detect, decide, "restart", fixed=k.restart_fixes or (d.right and not k.machine_fault))
+
+
+def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (d): a draw from what the engine decided on its kind's rendered failures.
+
+    Right: the action is taken. Missing on a stopped job: the runner's default restart (with the
+    platform's health checks), then people. Wrong on a stopped job: it recurs, then people. Wrong or
+    missing on a slow machine: a second look (a fresh draw) after ``failslow_recheck_s``.
+    """
+    d = ctx.decision(f, k)
+    if d is None:
+        raise ValueError(f"no measured faultlens decisions for {k.rendered} (kind {k.name})")
+    stopped = k.fault_class in STOPPED
+    first = _faultlens_first(ctx, f, k, d)
+    if stopped and first.detect_s is None:
+        return blind_restart(ctx, f, k)
+    if first.fixed or k.fault_class == "transient":
+        return [first]
+    if stopped:
+        return [first] + human(ctx, f, k)
+    again = ctx.decision(f, k, second=True)
+    return [first, _faultlens_first(ctx, f, k, again)] if again is not None else [first]
+
+
+POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {
+    "none": human, "restart": blind_restart, "group_evict": group_evict, "faultlens": faultlens, "oracle": oracle,
+}
