@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import tomllib
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -296,11 +297,12 @@ class Failure:
 
 
 def draw_failures(spec: CampaignSpec, mix: Mapping[str, FailureKind], seed: int) -> list[Failure]:
-    """Poisson arrivals per kind over the campaign, time-ordered (seeded)."""
-    rng = np.random.default_rng([seed, 35])
+    """Poisson arrivals per kind over the campaign, time-ordered (seeded per kind: changing one kind's
+    rate leaves the others' failures where they were)."""
     gpu_hours = spec.gpus * spec.duration_s / 3600.0
     out: list[Failure] = []
     for name in sorted(mix):
+        rng = np.random.default_rng([seed, 35, zlib.crc32(name.encode())])
         k = mix[name]
         n = int(rng.poisson(k.rate_per_mgpuh * 1e-6 * gpu_hours))
         times = rng.uniform(0.0, spec.duration_s, n)

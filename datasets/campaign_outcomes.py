@@ -40,8 +40,10 @@ SAMPLING: dict[str, float] = {"onset_min_s": 180.0, "onset_max_s": 480.0, "step_
                               "step_noise_max": 0.03, "kernel_noise_min": 6.0, "kernel_noise_max": 60.0,
                               "flap_p": 0.3}
 SAMPLING_VERSION = 1
-# the campaign's own accounting (every campaign* file but the renderer): it does not change what the engine decides
+# the campaign's own accounting (every campaign* file but the renderer, and the mix): it does not change what
+# the engine decides
 RENDER_FILE = "campaign_render.py"
+NOT_IN_DIGEST = ("failure_mix.toml",)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -91,7 +93,7 @@ def code_digest() -> str:
     for sub in ("faultlens", "collectors", "stream", "models", "diagnosis", "datasets"):
         base = root / sub
         for p in sorted(base.rglob("*")):
-            if p.suffix not in (".py", ".toml", ".json") or (p.name.startswith("campaign") and p.name != RENDER_FILE) or "__pycache__" in p.parts:
+            if p.suffix not in (".py", ".toml", ".json") or (p.name.startswith("campaign") and p.name != RENDER_FILE) or p.name in NOT_IN_DIGEST or "__pycache__" in p.parts:
                 continue
             if sub == "faultlens" and p.relative_to(base).parts[0] in ("commands",):
                 continue

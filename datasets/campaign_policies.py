@@ -152,8 +152,9 @@ def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
     """Policy (d): a draw from what the engine decided on its kind's rendered failures.
 
     Right: the action is taken. Missing on a stopped job: the runner's default restart (with the
-    platform's health checks), then people. Wrong on a stopped job: it recurs, then people. Wrong or
-    missing on a slow machine: a second look (a fresh draw) after ``failslow_recheck_s``.
+    platform's health checks), then people. Wrong: the fault recurs (a stopped job stops again, a
+    slow machine is looked at again after ``failslow_recheck_s``) and is decided again by a fresh
+    draw; wrong twice on a stopped job, people take over.
     """
     d = ctx.decision(f, k)
     if d is None:
@@ -164,10 +165,13 @@ def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
         return blind_restart(ctx, f, k)
     if first.fixed or k.fault_class == "transient":
         return [first]
-    if stopped:
-        return [first] + human(ctx, f, k)
     again = ctx.decision(f, k, second=True)
-    return [first, _faultlens_first(ctx, f, k, again)] if again is not None else [first]
+    second = _faultlens_first(ctx, f, k, again) if again is not None else None
+    if not stopped:
+        return [first, second] if second is not None else [first]
+    if second is None or second.detect_s is None:
+        return [first] + human(ctx, f, k)
+    return [first, second] if second.fixed else [first, second] + human(ctx, f, k)
 
 
 POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {

@@ -12,7 +12,7 @@ through the embedded broker to the online service.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -152,7 +152,9 @@ def sensitivity(run: CampaignRun, policies: Sequence[str] = ("faultlens", "group
             costs = load_costs(overrides={key: v}) if not key.startswith(("kind.", "category.")) else run.costs
             mix = load_mix(overrides={key: v}, kinds=list(run.mix)) if key.startswith(("kind.", "category.")) \
                 else run.mix
-            spec = run.spec if costs is run.costs else run.spec.resolved(costs)
+            name = key.rsplit(".", 1)[1]
+            spec = replace(run.spec, **{name: int(v) if name == "warm_standbys" else v}) \
+                if key.startswith("job.") and hasattr(run.spec, name) else run.spec
             draws = [draw_failures(spec, mix, s) for s in run.seeds] if mix is not run.mix else run.draws
             ctx = PolicyContext(spec, costs, run.outcomes.by_kind)
             row[end] = {p: round(float(np.mean([simulate_policy(spec, fs, mix, p, ctx, seed=s).ettr

@@ -107,17 +107,22 @@ def test_restart_policy_drains_a_health_checked_node():
     assert r.lost_by_cause["recurrence"] == 0.0 and r.wrong == 0
 
 
-def test_a_wrong_eviction_recurs_and_spends_the_standby():
-    wrong = {"gpu_lost": [decision("gpu_lost", "evict_nodes", culprit_named=False, right=False, extra_machines=1)]}
-    r = run("faultlens", failures=TWO[:1], outcomes=wrong)
-    # the healthy machine goes (5 + 3 s, standby used, 150 s restart); the GPU is still gone, so the job stops
-    # again as it starts and people handle it: 960 + 510 + a wait for a machine (the only standby is spent; the
-    # shortfall is rescheduled in 379 s, sooner than the healthy one's return) + 150 + the 500 s once.
+def test_a_wrong_eviction_recurs_and_is_decided_again():
+    wrong = decision("gpu_lost", "evict_nodes", culprit_named=False, right=False, extra_machines=1)
+    f = Failure(t=2500.0, kind="gpu_lost", u_draw=0.0, u_localise=0.5, episode_s=0.0, u_redraw=0.9)
+    r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong, decision("gpu_lost", "evict_nodes")]})
+    # the healthy machine goes (5 + 3 s, the one standby used, 150 s restart); the GPU is still gone, so the job
+    # stops again as it starts and is decided again (a fresh draw, right this time): 8 s, a wait for a machine
+    # (the shortfall rescheduled in 379 s, sooner than the healthy one's return), 150 s, the 500 s once.
     assert r.lost_by_cause["detection"] == pytest.approx(5.0)
     assert r.lost_by_cause["recompute"] == pytest.approx(0.0)
-    assert r.lost_by_cause["recurrence"] == pytest.approx(960 + 510 + 379 + 150 + 500)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(8 + 379 + 150 + 500)
     assert r.standby_waits == 1 and r.machines_out == 2 and r.healthy_out == 1
-    assert r.outcomes["wrong_machine"] == 1
+    assert r.outcomes["wrong_machine"] == 1 and r.wrong == 1
+    # wrong twice: people take over (paged 960 s, 510 s by hand, another shortfall wait)
+    r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong]})
+    assert r.lost_by_cause["recurrence"] == pytest.approx(8 + 379 + 150 + 960 + 510 + 379 + 150 + 500)
+    assert r.healthy_out == 2 and r.wrong == 2
 
 
 @pytest.mark.parametrize(("u_recall", "fixed"), [(0.1, True), (0.9, False)])
@@ -126,9 +131,10 @@ def test_stop_time_checks_are_fallible(u_recall, fixed):
     f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0, u_recall=u_recall)
     r = run("faultlens", failures=[f], outcomes=diag)
     # the checks take 600 s after the 8 s decision; with recall 0.70 they find the machine (u < 0.7) or pass,
-    # and the in-place reattempt leaves the hang to recur (then people)
+    # and the in-place reattempt leaves the hang to recur; decided again, the same checks miss it again
+    # (the same fault), then people
     assert r.lost_by_cause["localisation"] == pytest.approx(3.0 + 600.0)
-    assert (r.lost_by_cause["recurrence"] == 0.0) is fixed and r.wrong == (0 if fixed else 1)
+    assert (r.lost_by_cause["recurrence"] == 0.0) is fixed and r.wrong == (0 if fixed else 2)
 
 
 @pytest.mark.parametrize(("healthy_return_s", "wait_s"), [(200.0, 200.0), (5000.0, 379.0)])
@@ -159,7 +165,8 @@ def test_outcomes_are_drawn_per_failure_not_one_cached_answer():
     two = {"gpu_lost": [decision("gpu_lost", "evict_nodes"),
                         decision("gpu_lost", "evict_nodes", culprit_named=False, right=False, extra_machines=1)]}
     assert draw(two["gpu_lost"], 0.2).right and not draw(two["gpu_lost"], 0.7).right
-    fs = [Failure(t=3000.0 + 3000.0 * i, kind="gpu_lost", u_draw=(i * 0.37) % 1.0, u_localise=0.5, episode_s=0.0)
+    fs = [Failure(t=3000.0 + 3000.0 * i, kind="gpu_lost", u_draw=(i * 0.37) % 1.0, u_localise=0.5, episode_s=0.0,
+                  u_redraw=0.0)
           for i in range(20)]
     r = run("faultlens", failures=fs, outcomes=two)
     assert r.outcomes["right"] + r.outcomes["wrong_machine"] == 20
