@@ -118,7 +118,7 @@ def oracle(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
     if k.fault_class == "fail_slow":  # the cheapest of evicting, riding it out and the planner's plan (if any)
         ds = [d for d in ctx.outcomes.get(k.rendered, ()) if d.right and d.adapt_ratio is not None]
         best = max(ds, key=lambda d: d.adapt_ratio or 0.0, default=None)
-        return [Attempt(0.0, 0.0, "best", 1, faulty_out=True, adapt_ratio=best.adapt_ratio if best else 1.0,
+        return [Attempt(0.0, 0.0, "best", 1, faulty_out=True, adapt_ratio=(best.adapt_ratio or 1.0) if best else 1.0,
                         adapt_pause_s=best.adapt_pause_s if best else 0.0)]
     action, machines = _fix(k)
     return [Attempt(0.0, 0.0, action, machines, faulty_out=machines > 0)]
@@ -130,7 +130,7 @@ def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision
     act = d.action
     if act in ("none", A.NOTIFY) or d.detect_s is None:
         return Attempt(None, 0.0, "none", fixed=not stopped and k.fault_class != "fail_slow")
-    detect, decide = d.detect_s, d.decide_s
+    detect, decide = d.detect_s + ctx.c("faultlens", "online_latency_s"), d.decide_s  # batch + the online path
     if act == A.ADAPT_PARALLELISM and k.fault_class == "fail_slow":
         return Attempt(detect, decide, "adapt", fixed=d.culprit_named, adapt_ratio=d.adapt_ratio or 1.0,
                        adapt_pause_s=d.adapt_pause_s)

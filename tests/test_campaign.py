@@ -80,11 +80,11 @@ def test_two_failures_by_hand_on_call_human():
 
 def test_two_failures_by_hand_faultlens():
     r = run("faultlens")
-    # gpu_lost: detected in 5 s, decided in 3 s, same restart and recompute. thermal: slow for 20 + 10 s
-    # (0.2 * 30 = 6 s), the plan's 40 s pause, then 3,530 s at the plan's 0.9 (353 s).
+    # gpu_lost: detected in 5 s (+ 1 s on the online path), decided in 3 s, same restart and recompute. thermal:
+    # slow for 21 + 10 s (0.2 * 31 = 6.2 s), the plan's 40 s pause, then 3,529 s at the plan's 0.9 (352.9 s).
     assert {c: v for c, v in r.lost_by_cause.items() if c != "checkpoint"} == pytest.approx(
-        {"detection": 5.0, "localisation": 3.0, "standby_wait": 0.0, "restart": 190.0, "recompute": 500.0,
-         "recurrence": 0.0, "degraded": 359.0})
+        {"detection": 6.0, "localisation": 3.0, "standby_wait": 0.0, "restart": 190.0, "recompute": 500.0,
+         "recurrence": 0.0, "degraded": 359.1})
     assert r.outcomes["right"] == 2
 
 
@@ -111,17 +111,17 @@ def test_a_wrong_eviction_recurs_and_is_decided_again():
     wrong = decision("gpu_lost", "evict_nodes", culprit_named=False, right=False, extra_machines=1)
     f = Failure(t=2500.0, kind="gpu_lost", u_draw=0.0, u_localise=0.5, episode_s=0.0, u_redraw=0.9)
     r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong, decision("gpu_lost", "evict_nodes")]})
-    # the healthy machine goes (5 + 3 s, the one standby used, 150 s restart); the GPU is still gone, so the job
-    # stops again as it starts and is decided again (a fresh draw, right this time): 8 s, a wait for a machine
+    # the healthy machine goes (5 + 1 + 3 s, the one standby used, 150 s restart); the GPU is still gone, so the job
+    # stops again as it starts and is decided again (a fresh draw, right this time): 9 s, a wait for a machine
     # (the shortfall rescheduled in 379 s, sooner than the healthy one's return), 150 s, the 500 s once.
-    assert r.lost_by_cause["detection"] == pytest.approx(5.0)
+    assert r.lost_by_cause["detection"] == pytest.approx(6.0)
     assert r.lost_by_cause["recompute"] == pytest.approx(0.0)
-    assert r.lost_by_cause["recurrence"] == pytest.approx(8 + 379 + 150 + 500)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 500)
     assert r.standby_waits == 1 and r.machines_out == 2 and r.healthy_out == 1
     assert r.outcomes["wrong_machine"] == 1 and r.wrong == 1
     # wrong twice: people take over (paged 960 s, 510 s by hand, another shortfall wait)
     r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong]})
-    assert r.lost_by_cause["recurrence"] == pytest.approx(8 + 379 + 150 + 960 + 510 + 379 + 150 + 500)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 960 + 510 + 379 + 150 + 500)
     assert r.healthy_out == 2 and r.wrong == 2
 
 
