@@ -65,8 +65,8 @@ def classify(d: Decision, late_after_s: float) -> str:
         return "missed"
     if not d.right:
         return "wrong_machine"
-    if d.extra_machines > 0:
-        return "over_eviction"
+    if d.extra_machines > 0 and d.action in (A.EVICT_NODES, A.ADAPT_PARALLELISM):
+        return "over_eviction"  # (run_diagnostics names the machines it checks: that takes none out)
     if (d.detect_s or 0.0) + d.decide_s > late_after_s:
         return "late"
     return "right"
@@ -138,7 +138,8 @@ class Outcomes:
 
     def mistakes(self) -> list[Decision]:
         """Every measured decision that was not right (for the report)."""
-        return [d for ds in self.by_kind.values() for d in ds if not d.right or d.extra_machines > 0]
+        return [d for ds in self.by_kind.values() for d in ds
+                if classify(d, self.late_after_s) in ("over_eviction", "wrong_machine", "missed")]
 
 
 def draw(outcomes: Sequence[Decision], u: float) -> Decision:

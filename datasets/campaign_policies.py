@@ -98,6 +98,8 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
         if k.rendered == "pcie_degradation":
             return [Attempt(ctx.c(p, "pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
+    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg)
+        return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
     if k.fault_class == "hang":
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
     if k.rendered == "user_exception":
