@@ -14,6 +14,7 @@ that renders and decides (``--no-cache`` measures afresh: ~30-60 min on 2 cores)
     python benchmarks/ettr.py --quick    # same job, 3 seeds, no bus check (< 1 min once measured)
     python benchmarks/ettr.py --smoke    # 1,024 GPUs, 8B, 14 days, 4 kinds, 6 renders each (no cache)
     python benchmarks/ettr.py --quick --sensitivity   # also move every assumed figure over its range
+    python benchmarks/ettr.py --quick --cached-only   # what the cache holds, however few renders
 
 Prints the cost table, the ETTR table (mean, spread, hours lost by cause), the
 per-kind accuracy with its interval, the measured mistakes, the error-rate
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--half-width", type=float, default=0.05, help="target 95%% interval half-width per kind")
     ap.add_argument("--workers", type=int, default=1, help="processes rendering in parallel")
     ap.add_argument("--no-cache", action="store_true", help="measure every render afresh")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="take what the cache holds per kind as it is (intervals as wide as that makes them)")
     ap.add_argument("--sensitivity", action="store_true", help="move every assumed figure over its range")
     ap.add_argument("--bus", type=int, default=None, help="rendered failures to send through the bus")
     ap.add_argument("--out", default=None, help="write ettr.png and ettr.html here")
@@ -75,7 +78,8 @@ def main() -> None:
     t0 = time.perf_counter()
     log = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
     run = run_campaign(spec, seeds=list(range(seeds)), mix=mix, costs=costs, bus_samples=bus, progress=log,
-                       n_min=n_min, n_max=n_max, half_width=half, workers=args.workers, use_cache=use_cache)
+                       n_min=n_min, n_max=n_max, half_width=half, workers=args.workers, use_cache=use_cache,
+                       cached_only=args.cached_only)
     sweep = error_sweep(run)
     print(text_tables(run, costs, sweep))
     out = summary(run, sweep)

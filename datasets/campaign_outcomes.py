@@ -176,11 +176,13 @@ def _load(path: Path) -> dict[int, Decision]:
 
 def measure(kinds: Mapping[str, str], layout: SliceLayout, *, nccl_timeout_s: float, job_dp: int,
             late_after_s: float, half_width: float = 0.05, n_min: int = 40, n_max: int = 200, batch: int = 20,
-            workers: int = 1, cache_dir: Path | None = None, use_cache: bool = True,
+            workers: int = 1, cache_dir: Path | None = None, use_cache: bool = True, cached_only: bool = False,
             progress: Callable[[str], None] | None = None) -> Outcomes:
     """Render and decide a sample per kind until its 95% interval is within +/- half_width (or n_max).
 
     ``kinds``: rendered kind -> fault class. Renders already in the cache are read back, not redone.
+    ``cached_only``: take the renders the cache holds for a kind as they are (its interval as wide as
+    that makes it), rendering only for a kind the cache has none of.
     """
     t0 = time.perf_counter()
     digest = code_digest()
@@ -191,25 +193,24 @@ def measure(kinds: Mapping[str, str], layout: SliceLayout, *, nccl_timeout_s: fl
         for kind, fault_class in sorted(kinds.items()):
             path = _cache_file(cache_dir, digest, layout, nccl_timeout_s, job_dp, kind)
             have = _load(path) if use_cache else {}
-            n = n_min
+            n, top = n_min, n_max
+            if cached_only and 0 in have:
+                n = top = next(i for i in range(len(have) + 1) if i not in have)
             while True:
                 missing = [i for i in range(n) if i not in have]
                 args = [(kind, i, layout, fault_class, nccl_timeout_s, job_dp) for i in missing]
-                done = list(pool.map(_render_one, *zip(*args, strict=True))) if pool and args else \
-                    [_render_one(*a) for a in args]
-                if done:
-                    path.parent.mkdir(parents=True, exist_ok=True)
+                done = pool.map(_render_one, *zip(*args, strict=True)) if pool and args else \
+                    (_render_one(*a) for a in args)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                for d in done:  # kept as each arrives: an interrupted run loses only the renders in flight
                     with path.open("a") as fh:
-                        for d in done:
-                            fh.write(json.dumps(d.as_dict()) + "\n")
-                            have[d.bucket] = d
-                    out.rendered += len(done)
-                ds = [have[i] for i in range(n)]
-                lo, hi = wilson(sum(d.right for d in ds), n)
-                if (hi - lo) / 2 <= half_width or n >= n_max:
+                        fh.write(json.dumps(d.as_dict()) + "\n")
+                    have[d.bucket] = d
+                    out.rendered += 1
+                lo, hi = wilson(sum(have[i].right for i in range(n)), n)
+                if (hi - lo) / 2 <= half_width or n >= top:
                     break
-                n = min(n_max, n + batch)
-            out.cached += n - sum(1 for i in range(n) if i not in have)  # (all present now)
+                n = min(top, n + batch)
             out.by_kind[kind] = [have[i] for i in range(n)]
             if progress:
                 p, lo, hi, _ = out.accuracy(kind)

@@ -312,3 +312,21 @@ def test_cli_prints_every_cost_with_its_source(capsys):
     assert main(["simulate", "campaign", "--costs"]) == 0
     out = capsys.readouterr().out
     assert "job.restart_s" in out and "policy.none.page_s" in out and "BR Table 7" in out and "assumed" in out
+
+
+def test_measured_decisions_are_read_back_by_code_digest(tmp_path):
+    from faultlens.datasets.campaign_outcomes import _cache_file, code_digest, measure
+
+    spec = CampaignSpec(gpus=1024, layout="8b-dense").resolved(load_costs())
+    layout = spec.slice_layout()
+    digest = code_digest()
+    path = _cache_file(tmp_path, digest, layout, 1800.0, 128, "gpu_lost")
+    rows = [decision("gpu_lost", "evict_nodes", bucket=i, right=i != 1) for i in range(3)]
+    path.write_text("".join(json.dumps(d.as_dict()) + "\n" for d in rows) + '{"torn": ')
+    out = measure({"gpu_lost": "fail_stop"}, layout, nccl_timeout_s=1800.0, job_dp=128, late_after_s=300.0,
+                  cache_dir=tmp_path, cached_only=True)
+    assert out.rendered == 0 and out.cached == 3 and out.digest == digest
+    assert [d.right for d in out.by_kind["gpu_lost"]] == [True, False, True]
+    assert out.accuracy("gpu_lost")[3] == 3 and out.counts("gpu_lost")["wrong_machine"] == 1
+    # another digest (the code changed) is another file: nothing read back from this one
+    assert _cache_file(tmp_path, "0" * 16, layout, 1800.0, 128, "gpu_lost") != path
