@@ -155,8 +155,8 @@ def sensitivity(run: CampaignRun, policies: Sequence[str] = ("faultlens", "group
             mix = load_mix(overrides={key: v}, kinds=list(run.mix)) if key.startswith(("kind.", "category.")) \
                 else run.mix
             name = key.rsplit(".", 1)[1]
-            spec = replace(run.spec, **{name: int(v) if name == "warm_standbys" else v}) \
-                if key.startswith("job.") and hasattr(run.spec, name) else run.spec
+            fields: dict[str, Any] = {name: int(v) if name == "warm_standbys" else v}
+            spec = replace(run.spec, **fields) if key.startswith("job.") and hasattr(run.spec, name) else run.spec
             draws = [draw_failures(spec, mix, s) for s in run.seeds] if mix is not run.mix else run.draws
             ctx = PolicyContext(spec, costs, run.outcomes.by_kind)
             row[end] = {p: round(float(np.mean([simulate_policy(spec, fs, mix, p, ctx, seed=s).ettr
