@@ -84,6 +84,12 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
     own restart is charged as localisation (no double charge)."""
     p = "group_evict"
     group = ctx.spec.nodes_per_replica
+    d = ctx.decision(f, k)
+    shown = d.detect_s if d is not None and d.detect_s is not None else 0.0  # when the evidence appeared
+
+    def seen(name: str) -> float:  # an inspection sees an event no sooner than it is in the signals
+        return max(ctx.c(p, name), shown)
+
     if k.fault_class == "transient":
         return [Attempt(None, 0.0, "none", fixed=False)]  # one flap: tolerated (2 alerts in 5 min to evict)
     if k.fault_class == "nan":
@@ -94,12 +100,12 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
         if k.job_wide:  # every rank alike: aggregation finds no odd group
             return [Attempt(None, 0.0, "none", fixed=False)]
         if k.rendered == "thermal_throttle":
-            return [Attempt(ctx.c(p, "thermal_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+            return [Attempt(seen("thermal_detect_s"), 0.0, "evict", 1, faulty_out=True)]
         if k.rendered == "pcie_degradation":
-            return [Attempt(ctx.c(p, "pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+            return [Attempt(seen("pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
     if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg)
-        return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+        return [Attempt(seen("kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
     if k.fault_class == "hang":
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
     if k.rendered == "user_exception":
@@ -108,7 +114,7 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
     if not k.machine_fault:
         return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "restart", fixed=k.restart_fixes)] + (
             [] if k.restart_fixes else human(ctx, f, k))
-    detect = ctx.c(p, "network_detect_s") if k.rendered.startswith("ib_") else ctx.c(p, "gpu_detect_s")
+    detect = seen("network_detect_s") if k.rendered.startswith("ib_") else seen("gpu_detect_s")
     resolve = ctx.c(p, RESOLVE.get(k.rendered, "resolve_cuda_s"))
     return [Attempt(detect, max(0.0, resolve - ctx.restart_floor(1)), "evict", 1, faulty_out=True)]
 
@@ -141,7 +147,8 @@ def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision
         return Attempt(detect, decide, "evict", d.named, fixed=fixed, faulty_out=d.culprit_named)
     if act == A.RUN_DIAGNOSTICS:  # stop-time checks, fallible (BR 9 recall); when they pass, a reattempt
         check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job("stop_time_check_s")
-        if f.u_recall < ctx.job("diagnostics_recall"):
+        # a NaN gets BR's whole procedure (EUD, bit-wise alignment, replay: Table 6's 4,289 s), as group_evict does
+        if k.fault_class == "nan" or f.u_recall < ctx.job("diagnostics_recall"):
             action, machines = _fix(k)
             return Attempt(detect, decide + check, action, machines, faulty_out=machines > 0)
         return Attempt(detect, decide + check, "restart", fixed=k.restart_fixes)
