@@ -10,8 +10,8 @@ by diagnose_records, until the kind's accuracy has a 95% interval within +/- 5
 points. The measured decisions are cached on disk, keyed by a digest of the code
 that renders and decides (``--no-cache`` measures afresh: ~30-60 min on 2 cores).
 
-    python benchmarks/ettr.py            # 9,600 GPUs, 70B dense, 90 days, 5 seeds, bus check of 4 renders
-    python benchmarks/ettr.py --quick    # same job, 3 seeds, no bus check (< 1 min once measured)
+    python benchmarks/ettr.py            # 9,600 GPUs, 70B dense, 90 days, 5 seeds, every kind to +/- 5, bus check
+    python benchmarks/ettr.py --quick    # same job, 3 seeds, the cache as it is (4 renders of an uncached kind)
     python benchmarks/ettr.py --smoke    # 1,024 GPUs, 8B, 14 days, 4 kinds, 6 renders each (no cache)
     python benchmarks/ettr.py --quick --sensitivity   # also move every assumed figure over its range
     python benchmarks/ettr.py --quick --cached-only   # what the cache holds, however few renders
@@ -72,6 +72,8 @@ def main() -> None:
         bus = args.bus if args.bus is not None else (0 if args.quick else 4)
         kinds = None
         n_min, n_max, half, use_cache = args.samples or 40, args.max_samples or 200, args.half_width, not args.no_cache
+        if args.quick and not args.samples:  # what the cache holds; 4 renders of a kind it has none of
+            args.cached_only, n_min = True, 4
     costs = load_costs()
     mix = load_mix(kinds=kinds)
     print(cost_table_text(costs), "\n")
