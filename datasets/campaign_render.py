@@ -103,21 +103,40 @@ class Decision:
         return dict(self.__dict__)
 
 
-def render_duration_s(fault_class: str, nccl_timeout_s: float) -> float:
+@dataclass(frozen=True)
+class Noise:
+    """What else a failure's render carries besides its fault: a step-time jitter, benign kernel lines, and
+    (``flap_node``) a link flap of the fleet on another machine that recovers by itself."""
+
+    onset_s: float = ONSET_S
+    step_noise: float = 0.01
+    kernel_noise_per_hour: float = 12.0
+    flap: bool = False
+
+
+def render_duration_s(fault_class: str, nccl_timeout_s: float, onset_s: float = ONSET_S) -> float:
     """Seconds to render: hangs need the whole NCCL timeout so a watchdog-only decision can show."""
     post = nccl_timeout_s + 300.0 if fault_class == "hang" else POST_S
-    return ONSET_S + post
+    return onset_s + post
 
 
-def slice_spec(kind: str, layout: SliceLayout, seed: int, fault_class: str, nccl_timeout_s: float) -> ScenarioSpec:
-    """The scenario of one failure on the slice (seeded: the same key renders the same bytes)."""
+def slice_spec(kind: str, layout: SliceLayout, seed: int, fault_class: str, nccl_timeout_s: float,
+               noise: Noise | None = None) -> ScenarioSpec:
+    """The scenario of one failure on the slice (seeded: the same key renders the same bytes).
+
+    The fault draws its own machine and severity from ``seed``; ``noise`` sets the onset and what else
+    the render carries (the first fault of the truth is always the one decided)."""
+    noise = noise or Noise()
     cluster = ClusterSpec(nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, tp=layout.tp, pp=layout.pp,
                           dp=layout.dp, microbatches=layout.microbatches, num_layers=layout.num_layers,
                           job=f"campaign-{kind}-{seed}")
+    faults = [FaultSpec(kind=kind, id="f1", onset_s=noise.onset_s)]
+    if noise.flap and kind != "ib_flap_transient":
+        faults.append(FaultSpec(kind="ib_flap_transient", id="noise-flap", onset_s=max(30.0, noise.onset_s - 90.0)))
     return ScenarioSpec(name=f"campaign-{kind}-s{seed}", seed=seed, cluster=cluster,
-                        duration_s=render_duration_s(fault_class, nccl_timeout_s),
-                        faults=(FaultSpec(kind=kind, id="f1", onset_s=ONSET_S),),
-                        watchdog_timeout_s=nccl_timeout_s)
+                        duration_s=render_duration_s(fault_class, nccl_timeout_s, noise.onset_s),
+                        faults=tuple(faults), watchdog_timeout_s=nccl_timeout_s, step_noise=noise.step_noise,
+                        kernel_noise_per_hour=noise.kernel_noise_per_hour)
 
 
 def _slow_speed(sc: Scenario, onset_ts: float) -> float:
@@ -202,7 +221,8 @@ class Rendered(NamedTuple):
 
 
 def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_class: str, nccl_timeout_s: float,
-           config: Config | None = None, workdir: Path | None = None, job_dp: int | None = None) -> Rendered:
+           config: Config | None = None, workdir: Path | None = None, job_dp: int | None = None,
+           noise: Noise | None = None) -> Rendered:
     """Render one failure on the slice and diagnose it in batch.
 
     ``job_dp``: the whole job's DP degree; a fail-slow decision's plan is then re-made on the job's
@@ -210,7 +230,7 @@ def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_clas
     """
     config = config or Config()
     t0 = time.perf_counter()
-    sc = Scenario(slice_spec(kind, layout, seed, fault_class, nccl_timeout_s))
+    sc = Scenario(slice_spec(kind, layout, seed, fault_class, nccl_timeout_s, noise))
     tmp = Path(tempfile.mkdtemp(prefix="faultlens-campaign-", dir=workdir))
     try:
         out = write_batch_dir(sc, tmp / "batch")

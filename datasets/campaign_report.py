@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.datasets.campaign import CAUSES, POLICIES, CampaignRun, Cost, cost_rows
+from faultlens.datasets.campaign import CAUSES, POLICIES, Cost, cost_rows
+from faultlens.datasets.campaign_outcomes import OUTCOMES
+from faultlens.datasets.campaign_run import CampaignRun, crossover
 
 COLOURS = {"none": "#d62728", "restart": "#ff7f0e", "group_evict": "#9467bd", "faultlens": "#1f77b4",
            "oracle": "#2ca02c"}
@@ -24,63 +26,103 @@ def _h(seconds: float) -> str:
     return f"{seconds / 3600:.1f}"
 
 
-def summary(run: CampaignRun) -> dict[str, Any]:
-    """The JSON line: ETTR per policy (mean over seeds), its spread, the gap to the oracle, the ledger."""
+def per_kind_accuracy(run: CampaignRun) -> dict[str, dict[str, Any]]:
+    """Per rendered kind: renders, share right with its 95% Wilson interval, and what each outcome was."""
+    out = {}
+    for kind in sorted(run.outcomes.by_kind):
+        p, lo, hi, n = run.outcomes.accuracy(kind)
+        out[kind] = {"n": n, "right": round(p, 4), "lo": round(lo, 4), "hi": round(hi, 4),
+                     "half_width": round((hi - lo) / 2, 4), "outcomes": run.outcomes.counts(kind)}
+    return out
+
+
+def summary(run: CampaignRun, sweep: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """The JSON line: ETTR per policy (mean over seeds), renders, per-kind accuracy, mistakes, crossover."""
     ettr = {p: round(run.ettr(p)[0], 5) for p in POLICIES}
     oracle = ettr["oracle"]
-    right = [d.right for d in run.decisions.values()]
-    return {
+    failures = float(np.mean(run.failures_per_seed))
+    fl = run.results["faultlens"]
+    out: dict[str, Any] = {
         "bench": "ettr", "gpus": run.spec.gpus, "layout": run.spec.layout, "days": run.spec.days,
-        "seeds": len(run.seeds), "failures_mean": round(float(np.mean(run.failures_per_seed)), 1),
+        "seeds": len(run.seeds), "failures": round(failures, 1),
+        "renders": run.outcomes.renders, "renders_new": run.outcomes.rendered, "renders_cached": run.outcomes.cached,
+        "failures_per_render": round(failures / max(1, run.outcomes.renders), 3),
         "ettr": ettr,
         "ettr_std": {p: round(run.ettr(p)[1], 5) for p in POLICIES},
         "gap_to_oracle": {p: round(oracle - ettr[p], 5) for p in POLICIES},
         "faultlens_gain_over": {p: round(ettr["faultlens"] - ettr[p], 5) for p in POLICIES if p != "faultlens"},
+        "per_kind_accuracy": per_kind_accuracy(run),
+        "faultlens_charged_outcomes": {o: round(float(np.mean([r.outcomes.get(o, 0) for r in fl])), 1)
+                                       for o in (*OUTCOMES, "made_wrong")},
+        "charged_mistakes": {p: {"unfixed_attempts": round(float(np.mean([r.wrong for r in run.results[p]])), 1),
+                                 "healthy_machines_out": round(float(np.mean([r.healthy_out for r in run.results[p]])),
+                                                               1)} for p in POLICIES},
         "lost_h": {p: {c: round(v / 3600, 2) for c, v in run.lost_mean(p).items()} for p in POLICIES},
         "rsc_analytic_ettr": round(run.analytic["rsc_ettr"], 5),
-        "decisions": len(right), "decisions_right": sum(right),
         "bus_checked": len(run.bus), "bus_agree": sum(b.action == o.action and b.named == o.named for b, o in run.bus),
     }
+    if sweep:
+        out["sweep"] = [[r, round(e, 5)] for r, e in sweep]
+        by = {p: crossover(sweep, ettr[p]) for p in ("group_evict", "none", "restart")}
+        out["crossover_by_baseline"] = {p: None if v is None else round(v, 4) for p, v in by.items()}
+        out["crossover"] = out["crossover_by_baseline"]["group_evict"]
+    return out
 
 
-def text_tables(run: CampaignRun, costs: dict[str, dict[str, Cost]] | None = None) -> str:
-    """The printed report: ETTR per policy, hours lost by cause, faultlens's decisions, the bus check."""
+def text_tables(run: CampaignRun, costs: dict[str, dict[str, Cost]] | None = None,
+                sweep: list[tuple[float, float]] | None = None) -> str:
+    """The printed report: ETTR per policy, hours lost by cause, faultlens's measured decisions, the sweep."""
     s = run.spec
     lines = [f"campaign: {s.gpus:,} GPUs ({s.nodes:,} machines x {s.gpus_per_node}), {s.layout}, {s.days:g} days, "
              f"checkpoint every {s.get('checkpoint_interval_s'):.0f} s, {s.get('warm_standbys'):.0f} warm standbys; "
              f"seeds {run.seeds}; failures per seed {run.failures_per_seed}", ""]
     head = f"{'policy':<12} {'ETTR mean':>9} {'std':>7} {'min':>7} {'max':>7} " + " ".join(
-        f"{c[:12]:>12}" for c in CAUSES) + f" {'unfixed':>7} {'out':>5} {'waits':>5}"
+        f"{c[:11]:>11}" for c in CAUSES) + f" {'unfixed':>7} {'out':>5} {'healthy':>7} {'waits':>5}"
     lines += ["ETTR and unproductive hours by cause (mean over seeds)", head, "-" * len(head)]
     for p in POLICIES:
         mean, std, lo, hi = run.ettr(p)
         lost = run.lost_mean(p)
         rs = run.results[p]
         lines.append(f"{p:<12} {mean:>9.4f} {std:>7.4f} {lo:>7.4f} {hi:>7.4f} " + " ".join(
-            f"{_h(lost[c]):>12}" for c in CAUSES) + f" {np.mean([r.wrong for r in rs]):>7.1f} "
-            f"{np.mean([r.machines_out for r in rs]):>5.0f} {np.mean([r.standby_waits for r in rs]):>5.1f}")
+            f"{_h(lost[c]):>11}" for c in CAUSES) + f" {np.mean([r.wrong for r in rs]):>7.1f} "
+            f"{np.mean([r.machines_out for r in rs]):>5.0f} {np.mean([r.healthy_out for r in rs]):>7.1f} "
+            f"{np.mean([r.standby_waits for r in rs]):>5.1f}")
     a = run.analytic
-    lines += ["", f"Meta RSC analytic estimate, same job (1 - (u0 + ckpt/2)/MTTF, u0 = {a['restart_overhead_s']:.0f} s): "
-              f"{a['rsc_ettr']:.4f} (with a {costs['job']['checkpoint_write_s'].value if costs else '?'} s checkpoint "
-              f"write: {a['rsc_ettr_with_write']:.4f}); simulated oracle {run.ettr('oracle')[0]:.4f}, "
-              f"none {run.ettr('none')[0]:.4f}", "",
-              "faultlens decisions (one rendered + diagnosed sample per kind and seed bucket)",
-              f"{'kind':<20} {'#':>2} {'expected':<16} {'decided':<18} {'right':<5} {'detect s':>8} {'decide s':>8} "
-              f"{'named':>5} {'extra':>5} {'speed':>5} {'plan':>5} {'records':>8} {'sec':>5}  (plan: the adaptation's "
-              f"throughput / fault-free, re-planned on the whole job; speed: measured without action)"]
-    for (kind, bucket), d in sorted(run.decisions.items()):
-        lines.append(f"{kind:<20} {bucket:>2} {d.expected_action:<16} {d.action:<18} {'yes' if d.right else 'NO':<5} "
-                     f"{'-' if d.detect_s is None else f'{d.detect_s:.0f}':>8} {d.decide_s:>8.0f} {d.named:>5} "
-                     f"{d.extra_machines:>5} {d.slow_speed:>5.2f} "
-                     f"{'-' if d.adapt_ratio is None else f'{d.adapt_ratio:.3f}':>5} {d.records:>8,} "
-                     f"{d.render_s + d.diagnose_s:>5.1f}")
+    o = run.outcomes
+    lines += ["", f"Meta RSC analytic estimate, same job (1 - (u0 + ckpt/2)/MTTF - w/ckpt, u0 = "
+              f"{a['restart_overhead_s']:.0f} s): {a['rsc_ettr']:.4f}; simulated oracle {run.ettr('oracle')[0]:.4f}", "",
+              f"faultlens's measured decisions: {o.renders} renders ({o.rendered} new, {o.cached} from the cache "
+              f"{o.digest}), each with its own seed, onset, severity, machine and noise, decided by diagnose_records",
+              f"{'rendered kind':<20} {'n':>4} {'right':>6} {'95% interval':>15} " +
+              " ".join(f"{c:>13}" for c in OUTCOMES)]
+    for kind, row in per_kind_accuracy(run).items():
+        interval = f"[{row['lo']:.3f}, {row['hi']:.3f}]"
+        lines.append(f"{kind:<20} {row['n']:>4} {row['right']:>6.3f} {interval:>15} "
+                     + " ".join(f"{row['outcomes'][c]:>13}" for c in OUTCOMES))
+    wrong = o.mistakes()
+    if wrong:
+        lines += ["", "measured mistakes (charged whenever a failure draws them)"]
+        for d in wrong[:20]:
+            lines.append(f"  {d.kind:<20} render {d.bucket:>3} seed {d.seed:>10}: expected {d.expected_action}, decided "
+                         f"{d.action}, named {d.named} (culprit {'in' if d.culprit_named else 'NOT in'}, "
+                         f"{d.extra_machines} healthy)")
+        if len(wrong) > 20:
+            lines.append(f"  ... and {len(wrong) - 20} more")
+    if sweep:
+        lines += ["", "error-rate sweep: faultlens's ETTR with this share of its decisions made wrong on top of "
+                  "its measured mistakes"]
+        lines += [f"  {r:>5.0%}  {e:.4f}" for r, e in sweep]
+        for p in ("group_evict", "none", "restart"):
+            x = crossover(sweep, run.ettr(p)[0])
+            lines.append(f"  meets {p} ({run.ettr(p)[0]:.4f}) at "
+                         f"{'beyond the sweep' if x is None else f'{x:.1%}'}")
     if run.bus:
         lines += ["", "bus check: the same records through the embedded broker to the online DiagnosisService"]
-        for b, o in run.bus:
-            same = b.action == o.action and b.named == o.named
-            lines.append(f"  {b.kind:<20} batch {b.action:<18} bus {o.action:<18} named {b.named}/{o.named} "
+        for b, on in run.bus:
+            same = b.action == on.action and b.named == on.named
+            lines.append(f"  {b.kind:<20} batch {b.action:<18} bus {on.action:<18} named {b.named}/{on.named} "
                          f"detect {b.detect_s if b.detect_s is None else round(b.detect_s)}/"
-                         f"{o.detect_s if o.detect_s is None else round(o.detect_s)} s  {'agree' if same else 'DIFFER'}")
+                         f"{on.detect_s if on.detect_s is None else round(on.detect_s)} s  {'agree' if same else 'DIFFER'}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,251 @@
+"""The five ways of handling a campaign failure (datasets/campaign.py runs them on the same draw).
+
+Each policy turns one failure into the attempts it makes (``Attempt``: detection, localisation,
+the action, the machines it takes out, whether that fixes the fault), every figure from
+campaign_costs.toml (with its source) or, for faultlens, from a draw of its kind's measured
+decisions (campaign_outcomes.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from faultlens.datasets.campaign import (
+    CAUSES,
+    STOPPED,
+    Attempt,
+    CampaignSpec,
+    Failure,
+    FailureKind,
+    PolicyContext,
+    PolicyResult,
+    Timeline,
+)
+from faultlens.datasets.campaign_outcomes import classify, draw
+from faultlens.datasets.campaign_render import Decision
+from faultlens.vocabulary import ActionType
+
+A = ActionType
+
+
+def _fix(k: FailureKind) -> tuple[str, int]:
+    """The right action once the culprit is known: (action, machines out)."""
+    if k.machine_fault:
+        return "evict", 1
+    if k.rendered == "user_exception":
+        return "rollback", 0
+    return "restart", 0
+
+
+def human(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (a): an on-call human, paged on a crash, localising by hand, watching a dashboard."""
+    p = "none"
+    lo, hi = ctx.c(p, "localise_min_s"), ctx.c(p, "localise_max_s")
+    by_hand = lo + f.u_localise * (hi - lo)
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.fault_class == "fail_slow":
+        if k.job_wide:  # noticed, but there is no machine to take out
+            return [Attempt(None, 0.0, "none", fixed=False)]
+        return [Attempt(ctx.c(p, "failslow_notice_s"), by_hand, "evict", 1, faulty_out=True)]
+    action, machines = _fix(k)
+    paged = ctx.c(p, "crash_detect_s") + ctx.c(p, "page_s")
+    if k.fault_class == "nan":
+        return [Attempt(paged, ctx.job("nan_manual_s"), action, machines, faulty_out=machines > 0)]
+    if k.fault_class == "hang":
+        hlo, hhi = ctx.c(p, "hang_localise_min_s"), ctx.c(p, "hang_localise_max_s")
+        return [Attempt(ctx.spec.get("nccl_timeout_s") + paged, hlo + f.u_localise * (hhi - hlo), action, machines,
+                        faulty_out=machines > 0)]
+    return [Attempt(paged, by_hand, action, machines, faulty_out=machines > 0)]
+
+
+def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (b): restart whatever stopped, with the platform's periodic node health checks (RSC);
+    people take over what comes back and what is slow."""
+    p = "restart"
+    checked = str(ctx.costs[f"policy.{p}"]["health_checked"].value).split(",")
+    check_s = f.u_check * ctx.c(p, "health_check_interval_s")
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.rendered in checked:  # the check drains the node: the scheduler restarts on a good one
+        if k.fault_class == "fail_slow":
+            return [Attempt(check_s, 0.0, "evict", 1, faulty_out=True)]
+        detect = ctx.c(p, "crash_detect_s")
+        return [Attempt(detect, max(0.0, check_s - detect), "evict", 1, faulty_out=True)]
+    if k.fault_class == "fail_slow":
+        return human(ctx, f, k)
+    detect = ctx.spec.get("nccl_timeout_s") if k.fault_class == "hang" else ctx.c(p, "crash_detect_s")
+    tries = [Attempt(detect, 0.0, "restart", fixed=k.restart_fixes)]
+    if k.restart_fixes:
+        return tries
+    for _ in range(int(ctx.c(p, "blind_restarts")) - 1):
+        tries.append(Attempt(detect, 0.0, "restart", fixed=False))
+    return tries + human(ctx, f, k)
+
+
+RESOLVE = {"gpu_lost": "resolve_gpu_unavailable_s", "ecc_uncorrectable": "resolve_gpu_memory_s",
+           "row_remap_failure": "resolve_gpu_memory_s", "nvlink_error": "resolve_cuda_s",
+           "ib_link_persistent": "resolve_infiniband_s"}
+
+
+def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (c): ByteRobust-style inspection; a machine for explicit faults, the PP group for hangs.
+
+    BR Table 6 times run from localisation to a successful restart: only what exceeds the platform's
+    own restart is charged as localisation (no double charge)."""
+    p = "group_evict"
+    group = ctx.spec.nodes_per_replica
+    d = ctx.decision(f, k)
+    shown = d.detect_s if d is not None and d.detect_s is not None else 0.0  # when the evidence appeared
+
+    def seen(name: str) -> float:  # an inspection sees an event no sooner than it is in the signals
+        return max(ctx.c(p, name), shown)
+
+    if k.fault_class == "transient":
+        return [Attempt(None, 0.0, "none", fixed=False)]  # one flap: tolerated (2 alerts in 5 min to evict)
+    if k.fault_class == "nan":
+        action, machines = _fix(k)
+        resolve = max(0.0, ctx.job("nan_resolution_s") - ctx.restart_floor(machines))
+        return [Attempt(ctx.c(p, "crash_detect_s"), resolve, action, machines, faulty_out=machines > 0)]
+    if k.fault_class == "fail_slow":
+        if k.job_wide:  # every rank alike: aggregation finds no odd group
+            return [Attempt(None, 0.0, "none", fixed=False)]
+        if k.rendered == "thermal_throttle":
+            return [Attempt(seen("thermal_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+        if k.rendered == "pcie_degradation":
+            return [Attempt(seen("pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+        return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
+    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg)
+        return [Attempt(seen("kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+    if k.fault_class == "hang":
+        return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
+    if k.rendered == "user_exception":
+        return [Attempt(ctx.c(p, "crash_detect_s"), max(0.0, ctx.c(p, "resolve_code_s") - ctx.restart_floor(0)),
+                        "rollback")]
+    if not k.machine_fault:
+        return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "restart", fixed=k.restart_fixes)] + (
+            [] if k.restart_fixes else human(ctx, f, k))
+    detect = seen("network_detect_s") if k.rendered.startswith("ib_") else seen("gpu_detect_s")
+    resolve = ctx.c(p, RESOLVE.get(k.rendered, "resolve_cuda_s"))
+    return [Attempt(detect, max(0.0, resolve - ctx.restart_floor(1)), "evict", 1, faulty_out=True)]
+
+
+def oracle(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (e): knows at once what broke and does the right thing."""
+    if k.fault_class == "transient" or (k.fault_class == "fail_slow" and k.job_wide):
+        return [Attempt(None, 0.0, "none", fixed=False)]
+    if k.fault_class == "fail_slow":  # the cheapest of evicting, riding it out and the planner's plan (if any)
+        ds = [d for d in ctx.outcomes.get(k.rendered, ()) if d.right and d.adapt_ratio is not None]
+        best = max(ds, key=lambda d: d.adapt_ratio or 0.0, default=None)
+        return [Attempt(0.0, 0.0, "best", 1, faulty_out=True, adapt_ratio=(best.adapt_ratio or 1.0) if best else 1.0,
+                        adapt_pause_s=best.adapt_pause_s if best else 0.0)]
+    action, machines = _fix(k)
+    return [Attempt(0.0, 0.0, action, machines, faulty_out=machines > 0)]
+
+
+def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision) -> Attempt:
+    """What one measured decision does to this failure."""
+    stopped = k.fault_class in STOPPED
+    act = d.action
+    if act in ("none", A.NOTIFY) or d.detect_s is None:
+        return Attempt(None, 0.0, "none", fixed=not stopped and k.fault_class != "fail_slow")
+    detect, decide = d.detect_s + ctx.c("faultlens", "online_latency_s"), d.decide_s  # batch + the online path
+    if act == A.ADAPT_PARALLELISM and k.fault_class == "fail_slow":
+        return Attempt(detect, decide, "adapt", fixed=d.culprit_named, adapt_ratio=d.adapt_ratio or 1.0,
+                       adapt_pause_s=d.adapt_pause_s)
+    if act in (A.EVICT_NODES, A.ADAPT_PARALLELISM):
+        fixed = (d.culprit_named and k.machine_fault) or k.restart_fixes
+        return Attempt(detect, decide, "evict", d.named, fixed=fixed, faulty_out=d.culprit_named)
+    if act == A.RUN_DIAGNOSTICS:  # stop-time checks, fallible (BR 9 recall); when they pass, a reattempt
+        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job("stop_time_check_s")
+        # a NaN gets BR's whole procedure (EUD, bit-wise alignment, replay: Table 6's 4,289 s), as group_evict does
+        if k.fault_class == "nan" or f.u_recall < ctx.job("diagnostics_recall"):
+            action, machines = _fix(k)
+            return Attempt(detect, decide + check, action, machines, faulty_out=machines > 0)
+        return Attempt(detect, decide + check, "restart", fixed=k.restart_fixes)
+    if act == A.ROLLBACK_CODE:
+        return Attempt(detect, decide, "rollback", fixed=k.rendered == "user_exception" or k.restart_fixes)
+    return Attempt(detect, decide, "restart", fixed=k.restart_fixes or (d.right and not k.machine_fault))
+
+
+def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
+    """Policy (d): a draw from what the engine decided on its kind's rendered failures.
+
+    Right: the action is taken. Missing on a stopped job: the runner's default restart (with the
+    platform's health checks), then people. Wrong: the fault recurs (a stopped job stops again, a
+    slow machine is looked at again after ``failslow_recheck_s``) and is decided again by a fresh
+    draw; wrong twice on a stopped job, people take over.
+    """
+    d = ctx.decision(f, k)
+    if d is None:
+        raise ValueError(f"no measured faultlens decisions for {k.rendered} (kind {k.name})")
+    stopped = k.fault_class in STOPPED
+    first = _faultlens_first(ctx, f, k, d)
+    if stopped and first.detect_s is None:
+        return blind_restart(ctx, f, k)
+    if first.fixed or k.fault_class == "transient":
+        return [first]
+    again = ctx.decision(f, k, second=True)
+    second = _faultlens_first(ctx, f, k, again) if again is not None else None
+    if not stopped:
+        return [first, second] if second is not None else [first]
+    if second is None or second.detect_s is None:
+        return [first] + human(ctx, f, k)
+    return [first, second] if second.fixed else [first, second] + human(ctx, f, k)
+
+
+POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {
+    "none": human, "restart": blind_restart, "group_evict": group_evict, "faultlens": faultlens, "oracle": oracle,
+}
+
+
+def simulate_policy(spec: CampaignSpec, failures: Sequence[Failure], mix: Mapping[str, FailureKind],
+                    policy: str, ctx: PolicyContext, *, seed: int = 0) -> PolicyResult:
+    """One policy over one failure draw: the timeline, ETTR and the unproductive time by cause.
+
+    Checkpoint writes are charged on the productive time: ``checkpoint_write_s`` per
+    ``checkpoint_interval_s`` of training (the same for every policy)."""
+
+    handle = POLICY_FUNCS[policy]
+    tl = Timeline(spec, shortfall_s=ctx.job("shortfall_reschedule_s"))
+    end = spec.duration_s
+    recheck = ctx.job("failslow_recheck_s")
+    deferred = dropped = wrong = handled = 0
+    outcomes = dict.fromkeys(("right", "late", "over_eviction", "wrong_machine", "missed", "made_wrong"), 0)
+    for f in failures:
+        if f.t >= end:
+            continue
+        if tl.now >= end:
+            dropped += 1
+            continue
+        deferred += f.t < tl.now
+        tl.run_until(f.t)
+        k = mix[f.kind]
+        attempts = handle(ctx, f, k)
+        wrong += sum(not a.fixed for a in attempts[:-1]) + (k.fault_class in STOPPED and not attempts[-1].fixed)
+        handled += 1
+        if policy == "faultlens":
+            made = f.u_wrong < ctx.error_rate
+            d = ctx.decision(f, k)
+            outcomes["made_wrong" if made else classify(d, ctx.job("late_after_s"))] += 1  # type: ignore[arg-type]
+        if k.fault_class in STOPPED:
+            tl.stop(k, attempts)
+        elif k.fault_class == "fail_slow":
+            ds = ctx.outcomes.get(k.rendered)
+            tl.slow(k, f, attempts, draw(ds, f.u_draw).slow_speed if ds else 1.0, recheck)
+        else:
+            tl.transient(k, attempts[0])
+    tl.run_until(end)
+    clipped = [(s, min(e, end), r, c) for s, e, r, c in tl.segments if s < end]
+    lost = dict.fromkeys(CAUSES, 0.0)
+    productive = 0.0
+    for s, e, r, c in clipped:
+        productive += (e - s) * r
+        if r < 1.0:
+            lost[c] = lost.get(c, 0.0) + (e - s) * (1.0 - r)
+    lost["checkpoint"] = productive * ctx.job("checkpoint_write_s") / spec.get("checkpoint_interval_s")
+    productive -= lost["checkpoint"]
+    return PolicyResult(policy=policy, seed=seed, ettr=productive / end, lost_by_cause=lost, failures=handled,
+                        deferred=deferred, dropped=dropped, wrong=wrong, machines_out=tl.machines_out,
+                        standby_waits=tl.waits, segments=clipped, healthy_out=tl.healthy_out,
+                        outcomes=outcomes if policy == "faultlens" else {})
