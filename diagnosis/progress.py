@@ -7,10 +7,10 @@ finished stops its steps too, but its GPUs go idle and release their memory, or
 nothing more is heard from its hosts at all. So a hang is called when:
 
 * the silence since the job's last step is well past the job's own pace: the larger
-  of ``hang_min_silence_s``, ``hang_step_multiple`` median steps and
-  ``hang_gap_multiple`` times the longest pause the job has already survived (a
-  checkpoint save), capped by ``diagnosis.hang_no_progress_s``; at the end of a batch
-  input, where no more can come, a shorter ``end_*`` threshold applies;
+  of ``min_silence_s``, ``step_multiple`` median steps and ``gap_multiple`` times the
+  longest pause the job has already survived (a checkpoint save), capped by
+  ``max_silence_s`` (settings.HangSettings); at the end of a batch input, where no
+  more can come, a shorter ``end_*`` threshold applies;
 * and the hosts are seen alive after the last step: GPU samples that are busy or still
   hold the job's memory, or stack dumps taken after it. Samples that are all idle with
   the memory released say the job ended, and no hang is opened.
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlens.diagnosis.settings import HangSettings
 from faultlens.schema import GpuSample, StackDump, StepTiming
 
 BUSY_UTIL = 30.0  # a GPU this busy after the last step is spinning (NCCL kernels wait busily)
@@ -135,27 +136,27 @@ class JobProgress:
         return p
 
 
-def silence_threshold(p: JobProgress, cfg: Mapping[str, float], cap_s: float, *, final: bool) -> float:
+def silence_threshold(p: JobProgress, hang: HangSettings, *, final: bool) -> float:
     """Seconds without a step that make a hang, from the job's own pace (see the module doc)."""
     median = p.median_step_s()
     if final:
-        return min(cap_s, max(cfg["end_min_silence_s"], cfg["end_step_multiple"] * median,
-                              cfg["end_gap_multiple"] * p.max_gap_s))
-    return min(cap_s, max(cfg["hang_min_silence_s"], cfg["hang_step_multiple"] * median,
-                          cfg["hang_gap_multiple"] * p.max_gap_s))
+        return min(hang.max_silence_s, max(hang.end_min_silence_s, hang.end_step_multiple * median,
+                                           hang.end_gap_multiple * p.max_gap_s))
+    return min(hang.max_silence_s, max(hang.min_silence_s, hang.step_multiple * median,
+                                       hang.gap_multiple * p.max_gap_s))
 
 
-def check_hang(p: JobProgress, now: float, cfg: Mapping[str, float], cap_s: float, *, final: bool,
+def check_hang(p: JobProgress, now: float, hang: HangSettings, *, final: bool,
                stacks: Iterable[StackDump] = ()) -> HangCall | None:
     """A hang call when the job's steps stopped while its hosts are alive; None otherwise."""
     if p.last_step_ts is None or p.hang_open is not None or p.steps_seen < 2:
         return None
     if p.ended_step is not None and p.ended_step >= p.last_step:
         return None
-    threshold = silence_threshold(p, cfg, cap_s, final=False)
+    threshold = silence_threshold(p, hang, final=False)
     silence = now - p.last_step_ts
     if silence < threshold and final:
-        threshold = silence_threshold(p, cfg, cap_s, final=True)
+        threshold = silence_threshold(p, hang, final=True)
     if silence < threshold:
         silent = _lagging_ranks(p, threshold)
         if silent and silent != p.subset_called:
