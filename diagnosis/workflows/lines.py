@@ -47,6 +47,9 @@ def line_signal(matcher: SignalMatcher, record: KernelEvent | NcclEvent, job_nam
         signal.figures.setdefault("meaning", getattr(finding, "text", "")[:300])
         signal.category = finding.category
     mark_estimated(signal, record)
+    stalled_s = _stalled_s(record)
+    if stalled_s is not None:
+        signal.figures["stall_began_ts"] = record.ts - stalled_s  # the stall began a timeout before the line
     if signal.kind == IncidentKind.HANG:
         signal.role = "job"  # a watchdog timeout says the job hangs, not where
     return signal
@@ -57,6 +60,14 @@ def _catalog_says_benign(record: KernelEvent | NcclEvent) -> bool:
     info/none verdict), as opposed to a line the catalog does not know (the policy's own patterns decide)."""
     c = classify(record)  # stateless: a repeat that escalates already gave a finding
     return c.rule is not None and (c.benign or c.category == "none")
+
+
+def _stalled_s(record: KernelEvent | NcclEvent) -> float | None:
+    """How long the collective a watchdog line names had been stuck: its ``ran for`` figure, else its timeout."""
+    if not isinstance(record, NcclEvent):
+        return None
+    ms = record.ran_for_ms if record.ran_for_ms and record.ran_for_ms > 0 else record.timeout_ms
+    return ms / 1000.0 if ms and ms > 0 else None
 
 
 def mark_estimated(signal: Signal, record: KernelEvent | NcclEvent) -> None:
