@@ -21,11 +21,12 @@ from faultlens.diagnosis import hangroot
 from faultlens.diagnosis.decision import Decision
 from faultlens.diagnosis.guardlog import job_cap
 from faultlens.diagnosis.incidents import OpenIncident
+from faultlens.diagnosis.pauses import pause_line, shipped_pauses
 from faultlens.diagnosis.progress import check_hang
 from faultlens.diagnosis.settings import HangSettings
 from faultlens.diagnosis.stacks import StackVerdict
 from faultlens.diagnosis.workflows.base import BaseWorkflow, Desk
-from faultlens.schema import GpuSample, StackDump, StepTiming
+from faultlens.schema import GpuSample, NcclEvent, StackDump, StepTiming
 from faultlens.vocabulary import ActionType, IncidentKind
 
 if TYPE_CHECKING:
@@ -38,16 +39,23 @@ HOST_STALL_KINDS = frozenset({IncidentKind.HUNG_TASK})
 class HangWorkflow(BaseWorkflow):
     name = "hang"
     kinds = frozenset({IncidentKind.HANG})
-    reads: tuple[type, ...] = (StepTiming, GpuSample)
+    reads: tuple[type, ...] = (StepTiming, GpuSample, NcclEvent)
 
     def __init__(self, settings: HangSettings):
         self.settings = settings
+        self.pauses = shipped_pauses()  # the frameworks' pause lines (a bad catalog fails here, at start)
 
     # ------------------------------------------------------------------ what the job does
 
     def observe(self, desk: Desk, record: Any, job: str) -> bool:
         if type(record) is StepTiming:
             desk.job(record.job).progress.observe_step(record)
+            return False
+        if type(record) is NcclEvent:  # the framework's own words: an evaluation or a checkpoint save
+            line = pause_line(record.raw, self.pauses)
+            if line is not None and job in desk.state.jobs:
+                desk.state.jobs[job].progress.observe_pause(line.rule.name, record.ts, line.rule.max_s,
+                                                            ends=line.ends)
             return False
         state = desk.state.jobs.get(desk.state.node_job.get(record.node, ""))
         if state is not None:
@@ -90,6 +98,8 @@ class HangWorkflow(BaseWorkflow):
         if inc is None:
             return
         job.progress.hang_open, job.progress.hang_step = inc.id, job.progress.last_step
+        if not call.subset:
+            job.progress.silence_hang, job.progress.silence_hang_step = inc.id, job.progress.last_step
         for r in call.lagging_ranks[:16]:
             node = job.topology.placement.get(r, (None, None))[0] if job.topology else None
             if node:
@@ -105,6 +115,8 @@ class HangWorkflow(BaseWorkflow):
         if inc.decided:
             return
         job = desk.job(inc.job)
+        if _pause_ended(job, inc):
+            return
         st = inc.state
         st.pending = st.pending or "hang"
         cmd = desk.mode.request_stacks(inc, now, "hang")
@@ -143,6 +155,21 @@ class HangWorkflow(BaseWorkflow):
             named = tuple(ranking.best(allowed)) if ranking is not None and ranking.best(allowed) else decision.nodes[:allowed]
             desk.act(inc, Decision(ActionType.RUN_DIAGNOSTICS, named, f"hang: eviction refused by the guard rails; "
                                    f"restart with stop-time diagnostics on {', '.join(named) or 'the job'}", 0.6))
+
+
+def _pause_ended(job: JobState, inc: OpenIncident) -> bool:
+    """The job's steps came back before its silence was decided: it was a pause (an evaluation, a checkpoint
+    save), not a hang, and a pause that ends is never a restart. The incident resolves with no action."""
+    p = job.progress
+    if p.silence_hang != inc.id or p.silence_hang_step is None or p.last_step <= p.silence_hang_step:
+        return False
+    inc.status, inc.state.pending, inc.dirty = "resolved", None, True
+    inc.summary = (f"the job's steps resumed (step {p.last_step}) before the silence was decided: a pause of the "
+                   f"job's own, not a hang; no action")
+    inc.evidence.append({"ts": p.last_step_ts, "source": "steps", "rule": "hang:pause_ended",
+                         "text": inc.summary, "figures": {"resumed_step": p.last_step, "longest_pause_s": round(p.max_gap_s, 1)}})
+    p.silence_hang = p.silence_hang_step = None
+    return True
 
 
 def _explained_by_host(desk: Desk, hang: OpenIncident, roots: Sequence[str]) -> bool:
