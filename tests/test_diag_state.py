@@ -4,7 +4,9 @@ checkpoint an earlier engine wrote still restores."""
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 
 import msgspec
 import orjson
@@ -147,9 +149,6 @@ def test_a_checkpoint_naming_a_class_not_ours_is_refused_and_nothing_is_built(tm
 
 def test_a_checkpoint_written_before_the_workflows_split_restores() -> None:
     # A document the 865-line engine wrote (tests/fixtures/checkpoints/v2-before-workflows/README.md).
-    import json
-    from pathlib import Path
-
     here = Path(__file__).parent / "fixtures" / "checkpoints" / "v2-before-workflows"
     expect = json.loads((here / "engine-v2.expected.json").read_text())
     back = restore((here / "engine-v2.ckpt").read_bytes(), 3, lambda key: _engine(), "job0000")
