@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from faultlens.collectors.nccl import NcclParser
+from faultlens.collectors.signatures import is_ordinary
 from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.diagnosis.modes import BATCH
@@ -32,6 +34,14 @@ def test_every_pause_entry_matches_its_framework_lines_and_no_step_line() -> Non
         assert (got.rule.name if got else None, got.ends if got else False) == (case["pause"], case["ends"]), case
     for rule in rules:
         assert {c["ends"] for c in LINES if c["pause"] == rule.name} == {False, True}, rule.name
+
+
+def test_an_agent_ships_the_pause_lines_and_counts_step_lines() -> None:
+    # kind framework_pause (collectors/catalogs/nccl.toml): not an ordinary line, so the agent ships it
+    for case in LINES:
+        recs = list(NcclParser("n", year=2024).parse([case["line"]]))
+        assert [(r.kind, is_ordinary(r)) for r in recs] == ([("framework_pause", False)] if case["pause"] else
+                                                             [("other", True)]), case["line"]
 
 
 def _job(pause_s: float, lines: list[tuple[float, str]]) -> list[Any]:
