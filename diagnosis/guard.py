@@ -33,6 +33,7 @@ class GuardVerdict:
     notes: list[str] = field(default_factory=list)
     storm: bool = False
     suppressed: list[tuple[str, str]] = field(default_factory=list)  # (reason, text)
+    asked: Decision | None = None  # the decision as judged (made job-level when it named no machine)
 
 
 def job_level(decision: Decision) -> Decision:
@@ -65,13 +66,13 @@ class Guard:
 
         ``claim_id`` names the eviction on the guard log (the action id: a replay claims the same)."""
         notes: list[str] = []
-        decision = job_level(decision)
+        decision = asked = job_level(decision)
         nodes = tuple(sorted(decision.nodes))
         key = (job, decision.type, nodes)
         last = self._sent.get(key)
         if last is not None and now - last < self.config.dedup_window_s:
             why = f"duplicate of a {decision.type} sent {now - last:.0f} s ago"
-            return GuardVerdict(None, [why], suppressed=[("duplicate", why)])
+            return GuardVerdict(None, [why], suppressed=[("duplicate", why)], asked=decision)
         suppressed: list[tuple[str, str]] = []
         storm = False
         if decision.type == ActionType.EVICT_NODES:
@@ -95,4 +96,4 @@ class Guard:
                                         decision.confidence, decision.plan)
         self._sent[(job, decision.type, tuple(sorted(decision.nodes)))] = now
         self._sent[key] = now
-        return GuardVerdict(decision, notes, storm=storm, suppressed=suppressed)
+        return GuardVerdict(decision, notes, storm=storm, suppressed=suppressed, asked=asked)

@@ -62,6 +62,13 @@ log = logging.getLogger(__name__)
 
 HOUR_S = 3600.0
 UNKNOWN_JOB = "unknown"  # the engine's job for nodes no topology names
+
+
+def job_cap(c: GuardConfig, job_nodes: int) -> int:
+    """The most distinct machines one job may lose to evictions within an hour (its blast radius)."""
+    return min(c.max_evictions_per_job_per_hour, max(1, math.floor(c.max_evicted_fraction * job_nodes)))
+
+
 GUARD_TOPIC = "diag-guard"
 # Why an action was not taken as decided (faultlens_actions_suppressed_total{reason}, incident.suppressed).
 SUPPRESSION_REASONS = ("duplicate", "confidence", "job_cap", "fleet_cap", "breaker", "storm", "guard_unavailable",
@@ -148,7 +155,7 @@ class GuardBook:
             self._trip("fleet", "", why, ts, None)
             return ClaimVerdict(False, "storm", why)
         in_job = {n for t, n in self.job_grants.get(job, ()) if ts - HOUR_S < t}
-        allowed = min(c.max_evictions_per_job_per_hour, max(1, math.floor(c.max_evicted_fraction * job_nodes)))
+        allowed = job_cap(c, job_nodes)
         # Nodes outside any job ("unknown") are not one job: only the fleet cap counts them.
         if job != UNKNOWN_JOB and len(in_job | set(nodes)) > allowed:
             why = (f"job cap: {len(in_job | set(nodes))} of {job_nodes} nodes within an hour > {allowed} "

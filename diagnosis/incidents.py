@@ -354,6 +354,11 @@ class IncidentBook:
             self._absorb(existing, signal)
             return existing
         muted = self.inhibitor.muted_by(signal.kind, signal.role, signal.job, signal.node, signal.ts)
+        began = signal.figures.get("stall_began_ts")
+        if muted is None and isinstance(began, (int, float)) and began < signal.ts:
+            # A symptom printed a timeout after its stall began (a watchdog's Timeout(ms)) is muted by the fault
+            # that was present when the stall began, not only by one present when it was printed.
+            muted = self.inhibitor.muted_by(signal.kind, signal.role, signal.job, signal.node, float(began))
         if muted is not None:
             rule, cause = muted
             host = self.incidents.get(cause.incident_id)

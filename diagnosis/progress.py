@@ -7,10 +7,10 @@ finished stops its steps too, but its GPUs go idle and release their memory, or
 nothing more is heard from its hosts at all. So a hang is called when:
 
 * the silence since the job's last step is well past the job's own pace: the larger
-  of ``hang_min_silence_s``, ``hang_step_multiple`` median steps and
-  ``hang_gap_multiple`` times the longest pause the job has already survived (a
-  checkpoint save), capped by ``diagnosis.hang_no_progress_s``; at the end of a batch
-  input, where no more can come, a shorter ``end_*`` threshold applies;
+  of ``min_silence_s``, ``step_multiple`` median steps and ``gap_multiple`` times the
+  longest pause the job has already survived (a checkpoint save), capped by
+  ``max_silence_s`` (settings.HangSettings); at the end of a batch input, where no
+  more can come, a shorter ``end_*`` threshold applies;
 * and the hosts are seen alive after the last step: GPU samples that are busy or still
   hold the job's memory, or stack dumps taken after it. Samples that are all idle with
   the memory released say the job ended, and no hang is opened.
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlens.diagnosis.settings import HangSettings
 from faultlens.schema import GpuSample, StackDump, StepTiming
 
 BUSY_UTIL = 30.0  # a GPU this busy after the last step is spinning (NCCL kernels wait busily)
@@ -42,6 +43,7 @@ class HangCall:
     text: str
     figures: dict[str, Any]
     lagging_ranks: list[int]
+    subset: bool = False  # some ranks stopped while the others step on (not the whole job's silence)
 
 
 @dataclass
@@ -66,6 +68,17 @@ class JobProgress:
     hang_step: int | None = None  # the job's last step when the hang was called
     subset_called: list[int] = field(default_factory=list)  # the silent subset already reported
     ended_step: int | None = None  # judged finished at this step (idle, memory released)
+    # One of the job's own pauses its framework announced (diagnosis.pauses): which, since when, at which
+    # step, how long it may last, and when its end line came (None: not yet). Cleared by the next step.
+    pause: str | None = None
+    pause_since: float | None = None
+    pause_step: int | None = None
+    pause_max_s: float = 0.0
+    pause_ended: float | None = None
+    # The hang a silence of the whole job opened (its incident id) and the job's last step then: a step
+    # after it says the silence was a pause that ended (workflows.hang), never a restart.
+    silence_hang: str | None = None
+    silence_hang_step: int | None = None
 
     def observe_step(self, rec: StepTiming) -> None:
         prev = self.last_step_ts
@@ -87,6 +100,18 @@ class JobProgress:
             self.ended_step = None
         if self.hang_open is not None and self.hang_step is not None and rec.step > self.hang_step + 2:
             self.hang_open = self.hang_step = None  # training resumed: a later stop is a new hang
+        if self.pause is not None and self.pause_step is not None and rec.step > self.pause_step:
+            self.pause = self.pause_since = self.pause_step = self.pause_ended = None  # the pause is over
+
+    def observe_pause(self, name: str, ts: float, max_s: float, *, ends: bool) -> None:
+        """A framework line that begins (or ends) one of the job's own pauses (diagnosis.pauses)."""
+        if ends:
+            if self.pause is not None:
+                self.pause_ended = ts
+            return
+        if self.pause is None or self.pause_step != self.last_step:
+            self.pause, self.pause_since, self.pause_step, self.pause_ended = name, ts, self.last_step, None
+        self.pause_max_s = max_s
 
     def median_step_s(self) -> float:
         return statistics.median(self.durations) if self.durations else 1.0
@@ -135,27 +160,28 @@ class JobProgress:
         return p
 
 
-def silence_threshold(p: JobProgress, cfg: Mapping[str, float], cap_s: float, *, final: bool) -> float:
+def silence_threshold(p: JobProgress, hang: HangSettings, *, final: bool) -> float:
     """Seconds without a step that make a hang, from the job's own pace (see the module doc)."""
     median = p.median_step_s()
     if final:
-        return min(cap_s, max(cfg["end_min_silence_s"], cfg["end_step_multiple"] * median,
-                              cfg["end_gap_multiple"] * p.max_gap_s))
-    return min(cap_s, max(cfg["hang_min_silence_s"], cfg["hang_step_multiple"] * median,
-                          cfg["hang_gap_multiple"] * p.max_gap_s))
+        return min(hang.max_silence_s, max(hang.end_min_silence_s, hang.end_step_multiple * median,
+                                           hang.end_gap_multiple * p.max_gap_s))
+    return min(hang.max_silence_s, max(hang.min_silence_s, hang.step_multiple * median,
+                                       hang.gap_multiple * p.max_gap_s))
 
 
-def check_hang(p: JobProgress, now: float, cfg: Mapping[str, float], cap_s: float, *, final: bool,
+def check_hang(p: JobProgress, now: float, hang: HangSettings, *, final: bool,
                stacks: Iterable[StackDump] = ()) -> HangCall | None:
     """A hang call when the job's steps stopped while its hosts are alive; None otherwise."""
     if p.last_step_ts is None or p.hang_open is not None or p.steps_seen < 2:
         return None
     if p.ended_step is not None and p.ended_step >= p.last_step:
         return None
-    threshold = silence_threshold(p, cfg, cap_s, final=False)
+    threshold = silence_threshold(p, hang, final=False)
     silence = now - p.last_step_ts
     if silence < threshold and final:
-        threshold = silence_threshold(p, cfg, cap_s, final=True)
+        threshold = silence_threshold(p, hang, final=True)
+    threshold = _past_the_pause(p, threshold)
     if silence < threshold:
         silent = _lagging_ranks(p, threshold)
         if silent and silent != p.subset_called:
@@ -177,9 +203,23 @@ def check_hang(p: JobProgress, now: float, cfg: Mapping[str, float], cap_s: floa
                "stacks_after": stacks_after, "end_of_input": final}
     if lagging:
         figures["lagging_ranks"] = lagging[:64]
+    past = ""
+    if p.pause is not None:
+        figures["pause"] = p.pause
+        past = f", past the job's own {p.pause} pause"
     text = (f"no step progress for {silence:.0f} s (last step {p.last_step}; median step {median:.2f} s; "
-            f"threshold {threshold:.0f} s) while the hosts are alive: {why}")
+            f"threshold {threshold:.0f} s{past}) while the hosts are alive: {why}")
     return HangCall(ts=p.last_step_ts + threshold, confidence=0.6, text=text, figures=figures, lagging_ranks=lagging)
+
+
+def _past_the_pause(p: JobProgress, threshold: float) -> float:
+    """The silence that makes a hang while the job is in one of its own announced pauses: up to the pause's
+    ``max_s`` from its start while it lasts, and the usual ``threshold`` counted from its end line after."""
+    if p.pause is None or p.pause_since is None or p.last_step_ts is None:
+        return threshold
+    if p.pause_ended is not None:
+        return max(threshold, p.pause_ended - p.last_step_ts + threshold)
+    return max(threshold, p.pause_since - p.last_step_ts + p.pause_max_s)
 
 
 def _liveness(p: JobProgress, stacks_after: int) -> tuple[bool | None, str]:
@@ -218,4 +258,4 @@ def _subset_call(p: JobProgress, now: float, threshold: float, lagging: list[int
             f"ranks go on to step {p.last_step}")
     return HangCall(ts=min(ts, now), confidence=0.5, text=text,
                     figures={"lagging_ranks": lagging[:64], "threshold_s": round(threshold, 1), "last_step": p.last_step},
-                    lagging_ranks=lagging)
+                    lagging_ranks=lagging, subset=True)

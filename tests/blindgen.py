@@ -29,7 +29,7 @@ from typing import Any
 KINDS = (
     "healthy", "xid79", "xid48_watchdog", "xid94", "xid95", "xid64_remap", "xid_user", "xid74_nvlink",
     "ib_flap", "ib_down", "thermal", "slow_gpu", "hang", "user_exception", "nan_loss", "oom_killer",
-    "storage_stall", "pcie_aer_fatal", "sxid_fatal",
+    "storage_stall", "pcie_aer_fatal", "sxid_fatal", "ckpt_pause",
 )
 
 # PCI buses as nvidia-smi prints them on real boards (DGX A100, HGX H100, 4-GPU servers).
@@ -173,6 +173,8 @@ class _Writer:
         self.node_fmt = {n: rng.choice(fmts) for n in sc.nodes} if self.hard and "kfmt" not in sc.force and rng.random() < 0.3 else {}
         self.skew = {rng.choice(sc.nodes): rng.choice((-1, 1)) * rng.uniform(20, 90)} if self.hard and rng.random() < 0.3 else {}
         self.stop_step: int | None = None
+        self.pause_step: int | None = None  # every rank pauses after this step for pause_s (a checkpoint save)
+        self.pause_s = 0.0
         self.slow: dict[int, float] = {}
         self.slow_from = 0
         self.nan_from: int | None = None
@@ -295,6 +297,9 @@ class _Writer:
         ts = self.t0
         end = self.stop_step if self.stop_step is not None else self.n_steps
         for s in range(end):
+            if self.pause_step is not None and s == self.pause_step + 1:
+                self._pause_lines(ts)
+                ts += self.pause_s
             n_seqs, sl, sq, base = self.work[s]
             comp = {}
             for r in range(self.n_ranks):
@@ -320,6 +325,16 @@ class _Writer:
         for k, lines in files.items():
             (d / "steps" / f"{k}.jsonl").write_text("\n".join(lines) + "\n")
         return ts
+
+    def _pause_lines(self, ts: float) -> None:
+        """rank 0's torchtitan lines around a checkpoint save starting at ``ts`` (its own words)."""
+        def stamp(t: float) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f",{int(t % 1 * 1000):03d}"
+        node = self.node_of(0)
+        self.nccl[node].append((0, f"[rank0]:{stamp(ts + 0.3)} - root - INFO - Saving the checkpoint (or staging if "
+                                   "async is enabled)."))
+        self.nccl[node].append((0, f"[rank0]:{stamp(ts + self.pause_s - 0.4)} - root - INFO - Finished saving the "
+                                   f"checkpoint (or staging if async is enabled)in {self.pause_s - 0.7:.2f} seconds."))
 
     def _gpu(self, d: Path, last_ts: float) -> None:
         sc, rng = self.sc, self.rng
@@ -465,6 +480,12 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
         if rng.random() < 0.5:
             w.kernel[node].append((ft, w.xid(g, 63, "pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.").replace("pid='<unknown>', name=<unknown>, pid=1896, ", "pid=1896, ")))
         sc.truth = T(nothing=True, text="nothing")
+    elif kind == "ckpt_pause":
+        # A torchtitan checkpoint save of 5-15 minutes: every rank stops stepping, GPUs keep their memory,
+        # and the framework says when it starts and when it is done (its own words, tests/fixtures/pauses).
+        w.pause_step, w.pause_s = fault_step, rng.uniform(300.0, 900.0)  # the lines: _Writer._pause_lines
+        w.cum[fault_step + 2:] = [t + w.pause_s for t in w.cum[fault_step + 2:]]
+        sc.truth = T(nothing=True, text="nothing (a checkpoint save)")
     elif kind == "xid79":
         w.stop_step = fault_step
         if w.hard and rng.random() < 0.5:  # the probe-time block with no Xid line (real-logs k002)

@@ -21,7 +21,7 @@ from faultlens.collectors.steps import StepLogParser, StepReporter
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REGEN = os.environ.get("FAULTLENS_REGEN") == "1"
 CASES = [("kernel", "real"), ("kernel", "project"), ("kernel", "families"), ("kernel", "negative"), ("nccl", "real"),
-         ("nccl", "families"),
+         ("nccl", "families"), ("nccl", "pauses"),
          ("nccl", "project")]
 
 

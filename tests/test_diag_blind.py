@@ -49,6 +49,8 @@ def _raised(incidents: list[Any]) -> list[Any]:
     ("hang", 49, {"hard": True, "distract": "flap", "kfmt": "dmesg_raw", "n_steps": 260}),
     # the node whose link keeps going down is evicted; its peers' NCCL errors are not a fabric storm
     ("ib_down", 82, {"hard": True, "distract": "xid63", "kfmt": "dmesg_T", "n_steps": 260}),
+    # a 5-15 minute checkpoint save the framework announces: every rank silent, no hang, no action
+    ("ckpt_pause", 3, {"n_steps": 260}),
 ])
 def test_blind_scenario_gets_the_accepted_action(kind: str, seed: int, force: dict[str, Any], tmp_path: Path) -> None:
     sc = Scenario(kind, kind, seed, list(NODES), 4, force=force)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from faultlens.diagnosis.engine import DiagnosisEngine
 from faultlens.stream.bus import Message
 from faultlens.stream.topics import REPARTITION_PARTITIONS
 from tests import fleetgen
@@ -49,7 +50,7 @@ def _outputs(stream: list[Message], *, dwell_s: float, then_wait_s: float = 0.0)
     """What the service decided while applying ``stream``, and after ``then_wait_s`` more of wall time."""
     svc = engine_throughput._service(REPARTITION_PARTITIONS)
     svc.tick_interval_s = 0.0
-    svc.hang_dwell_s = dwell_s
+    svc.config = dataclasses.replace(svc.config, diagnosis=dataclasses.replace(svc.config.diagnosis, hang_dwell_s=dwell_s))
 
     def drain() -> list[Any]:
         out = [o for st in svc.states.values() for o in st.outbox]
@@ -76,7 +77,9 @@ def test_the_default_dwell_is_on() -> None:
     from faultlens.config import DiagnosisConfig
 
     assert DiagnosisConfig().hang_dwell_s >= 10.0
-    assert engine_throughput._service(REPARTITION_PARTITIONS).hang_dwell_s == DiagnosisConfig().hang_dwell_s
+    service = engine_throughput._service(REPARTITION_PARTITIONS)
+    assert service.make_engine().settings.hang.dwell_s == DiagnosisConfig().hang_dwell_s
+    assert DiagnosisEngine(service.config).settings.hang.dwell_s == 0.0  # outside the service: at once
 
 
 def test_a_backlog_whose_gpu_samples_run_ahead_of_its_steps_is_no_hang() -> None:

@@ -1,9 +1,12 @@
-"""Per-job diagnosis state: every engine attribute is classified, and a checkpoint round trip keeps
-what the next decision depends on (open incidents, the IB repeat counter, actions already taken)."""
+"""Per-job diagnosis state: every part of the engine's state is checkpointed, a checkpoint round trip keeps
+what the next decision depends on (open incidents, the IB repeat counter, actions already taken), and a
+checkpoint an earlier engine wrote still restores."""
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 
 import msgspec
 import orjson
@@ -11,16 +14,15 @@ import pytest
 
 from faultlens.config import Config
 from faultlens.diagnosis.engine import DiagnosisEngine, default_detectors
+from faultlens.diagnosis.engine_state import ALL_PARTS, checkpointed_fields, state_fields
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.online.state import (
-    DYNAMIC,
     CheckpointError,
     JobState,
     mark_value,
     read_mark,
     restore,
     snapshot,
-    unclassified_attributes,
 )
 from tests import fleetgen
 
@@ -29,10 +31,10 @@ def _engine(health: NodeHealth | None = None) -> DiagnosisEngine:
     return DiagnosisEngine(Config(), detectors=default_detectors(), node_health=health)
 
 
-def test_every_engine_attribute_is_static_or_checkpointed() -> None:
-    # A new attribute of the engine must be put in state.STATIC or state.DYNAMIC, or a
-    # restored instance silently forgets it.
-    assert unclassified_attributes(_engine()) == set()
+def test_every_part_of_the_engine_state_is_checkpointed() -> None:
+    # A new field of EngineState must get a checkpoint part (engine_state.PARTS), or a restored
+    # instance silently forgets it.
+    assert checkpointed_fields() == state_fields()
 
 
 def test_checkpoint_round_trip_keeps_open_incidents_and_repeat_counters(tmp_path) -> None:
@@ -95,7 +97,7 @@ def test_a_checkpoint_is_a_versioned_data_document() -> None:
         engine.observe(r)
     body = msgspec.msgpack.decode(zlib.decompress(snapshot(JobState("job0000", 1, engine))))
     assert (body["format"], body["version"]) == ("faultlens.checkpoint", 2)
-    assert set(body["engine"]) == set(DYNAMIC)
+    assert set(body["engine"]) == ALL_PARTS
 
 
 @pytest.mark.parametrize("value", [
@@ -143,3 +145,24 @@ def test_a_checkpoint_naming_a_class_not_ours_is_refused_and_nothing_is_built(tm
     with pytest.raises(CheckpointError, match="is not one a checkpoint may hold"):
         restore(zlib.compress(msgspec.msgpack.encode(body)), 0, lambda key: _engine(), "j")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_checkpoint_written_before_the_workflows_split_restores() -> None:
+    # A document the 865-line engine wrote (tests/fixtures/checkpoints/v2-before-workflows/README.md).
+    here = Path(__file__).parent / "fixtures" / "checkpoints" / "v2-before-workflows"
+    expect = json.loads((here / "engine-v2.expected.json").read_text())
+    back = restore((here / "engine-v2.ckpt").read_bytes(), 3, lambda key: _engine(), "job0000")
+    engine = back.engine
+    assert (back.key, back.next_offset, back.sources) == ("job0000", 1234, {"gpu/j0000n01": 77})
+    assert [o.id for o in back.outbox] == expect["outbox"]
+    assert sorted([i.id, str(i.kind), i.status, sorted(i.decided), i.node] for i in engine.book.incidents.values()) \
+        == expect["incidents"]
+    assert engine.now == expect["now"] and engine.counts == expect["counts"]
+    assert {k: sorted(v) for k, v in engine.state.evicted.items()} == expect["evicted"]
+    assert engine.state.jobs["job0000"].progress.last_step == expect["jobs"]["job0000"]["last_step"]
+    # It decides on: the same Xid joins the incident that already evicted; the IB link's second alert evicts.
+    t0 = fleetgen.T0
+    assert not [o for o in engine.observe(fleetgen.xid_line("j0000n03", 79, t0 + 50)) if type(o).KIND == "actions"]
+    repeat = engine.observe(fleetgen.ib_down("j0000n02", t0 + 60))
+    assert [(o.type, o.nodes) for o in repeat if type(o).KIND == "actions"] == [("evict_nodes", ["j0000n02"])]
+    engine.tick(t0 + 120)  # the job's progress, written before it had pause fields, is read on a tick

@@ -140,13 +140,13 @@ def test_the_engine_decides_the_same_on_columnar_samples() -> None:
     assert got == want
     assert slow.counts["findings"] >= 2 and len(slow.incidents()) >= 4  # the counters' findings, the faults'
     assert any(a.type == "evict_nodes" for a in want if type(a).KIND == "actions")
-    assert slow._jobs["job0001"].progress.after_n > 60  # the samples after its last step, read GPU by GPU
+    assert slow.state.jobs["job0001"].progress.after_n > 60  # the samples after its last step, read GPU by GPU
     assert fast.counts == slow.counts
     assert sum(r.samples for r in fast.counters._runs.values()) > 100  # the steady path took samples
-    assert [j.progress.to_dict() for j in fast._jobs.values()] == [j.progress.to_dict() for j in slow._jobs.values()]
-    assert [(j.gpu_after, j.gpu_epoch) for j in fast._jobs.values()] == [(j.gpu_after, j.gpu_epoch) for j in
-                                                                          slow._jobs.values()]
-    assert slow._jobs["job0001"].gpu_after  # the hang's per-GPU figures were gathered
+    assert [j.progress.to_dict() for j in fast.state.jobs.values()] == [j.progress.to_dict() for j in slow.state.jobs.values()]
+    assert [(j.gpu_after, j.gpu_epoch) for j in fast.state.jobs.values()] == [(j.gpu_after, j.gpu_epoch) for j in
+                                                                          slow.state.jobs.values()]
+    assert slow.state.jobs["job0001"].gpu_after  # the hang's per-GPU figures were gathered
     assert _memory(fast.counters) == _memory(slow.counters)
 
 

@@ -371,8 +371,8 @@ class MemberConsumer:
                  listener: Any, member_id: str, restore_kinds: Iterable[str] = (), fetch_max_wait_ms: int = 100,
                  heartbeat_s: float = 0.5, timeout_s: float = 2.0, keyring: Keyring | None = None,
                  backend: str = "kafka"):
-        """``backend``: the client that fetches (stream.coop.consumer_backend): ``kafka`` (kafka-python)
-        or ``confluent`` (librdkafka, stream.coop.AssignedConsumer)."""
+        """``backend``: the client that fetches (stream.bus.librdkafka_consumer.consumer_backend): ``kafka`` (kafka-python)
+        or ``confluent`` (librdkafka, stream.bus.librdkafka_consumer.AssignedConsumer)."""
         self.listener = listener
         self._consumer: Any
         if backend == "confluent":

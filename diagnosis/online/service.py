@@ -30,7 +30,6 @@ its partition to 2100). Engines tick once a second of wall time.
 
 from __future__ import annotations
 
-import collections
 import copy
 import logging
 import queue
@@ -44,6 +43,7 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
+from faultlens.diagnosis.online.alerts import OutputAlerts
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
@@ -59,7 +59,6 @@ from faultlens.diagnosis.online.state import (
     restore,
     snapshot,
 )
-from faultlens.diagnosis.webhook import AlertmanagerWebhook
 from faultlens.errors import BusError, ConfigError, SchemaError
 from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
@@ -118,7 +117,7 @@ class DiagnosisService:
         # unless one is given (tests).
         self.guard_log = guard_log
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
-        self._webhook = AlertmanagerWebhook.from_config(config.diagnosis)
+        self.alerts = OutputAlerts(config.diagnosis, metrics, self.open_incidents)  # metrics and the webhook
         # Every action and command is signed (a bad key file fails here, at start).
         self.keyring = Keyring.from_config(config.keys)
         if self.keyring and not self.keyring.can_sign:  # only .pub files: every action would fail to sign
@@ -128,8 +127,6 @@ class DiagnosisService:
         if not self.keyring:
             log.warning("diagnosis: no signing key, actions and commands go out unsigned: the runner only "
                         "dry-runs them and agents ignore them; %s", HOW_TO_MAKE_A_KEY)
-        # The webhook posts from a thread of its own: a slow receiver never delays an action.
-        self._webhook_queue: queue.Queue[Any] = queue.Queue(maxsize=1000)
         self.bootstrap = bootstrap
         self.detectors = list(detectors)  # prototypes: each job's engine gets copies of its own
         self.node_health = node_health
@@ -138,8 +135,6 @@ class DiagnosisService:
         self.from_beginning = from_beginning
         self.unknown_hold_s = unknown_hold_s
         self.checkpoint_interval_s = checkpoint_interval_s
-        # A silence stays a hang this long in wall time before it is called ([diagnosis] hang_dwell_s).
-        self.hang_dwell_s = config.diagnosis.hang_dwell_s
         self.lookback_s = lookback_s
         self.engine = _FleetView(self)
         self.rep_topic = topics.topic(REPARTITION, config.bus.topic_prefix)
@@ -172,7 +167,6 @@ class DiagnosisService:
         self._factory: EngineFactory | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._categories_seen: set[str] = set()
         self.ready = threading.Event()
         self._events: queue.Queue[tuple[str, list[int]]] = queue.Queue()
         self._owns_guard_log = False
@@ -184,7 +178,7 @@ class DiagnosisService:
         if self._factory is None:
             self._factory = EngineFactory(lambda: DiagnosisEngine(
                 self.config, detectors=[copy.deepcopy(d) for d in self.detectors], node_health=self.node_health,
-                batch=False, guard_log=self.guard_log, on_suppressed=self._on_suppressed))
+                batch=False, guard_log=self.guard_log, on_suppressed=self._on_suppressed, wall_clock_dwell=True))
         return self._factory(key)
 
     def _on_suppressed(self, reason: str) -> None:
@@ -430,7 +424,6 @@ class DiagnosisService:
                 self.metrics.guard_breakers_open.labels(scope="job").set(len(book.job_breakers))
         for st in self.states.values():
             # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
-            st.engine.hang_dwell_s = self.hang_dwell_s
             out = st.engine.tick(self.stream_time.get(st.partition) or None)
             if out:
                 st.outbox.extend(out)
@@ -458,7 +451,7 @@ class DiagnosisService:
             for out in st.outbox:
                 producer.send(out)
                 self.produced += 1
-                self._observe_output(out)
+                self.alerts.observe(out)
         producer.flush(30.0)
         for st in pending:
             st.outbox = []
@@ -509,40 +502,6 @@ class DiagnosisService:
         self._decode_some(None)
         return [i for st in self.states.values() for i in st.engine.book.open_incidents()]
 
-    def _observe_output(self, out: Any) -> None:
-        """Metrics (incidents open, actions by type) and the Alertmanager webhook."""
-        kind = type(out).KIND
-        if self.metrics is not None:
-            self.metrics.messages_produced.labels(topic=kind).inc()
-            if kind == "actions":
-                self.metrics.actions.labels(type=out.type, status="emitted").inc()
-            elif kind == "incidents":
-                open_by_category: dict[str, int] = collections.Counter(i.category for i in self.open_incidents())
-                for category in set(open_by_category) | self._categories_seen:
-                    self.metrics.incidents_open.labels(category=category).set(open_by_category.get(category, 0))
-                self._categories_seen |= set(open_by_category)
-        if kind == "incidents" and self._webhook is not None:
-            try:
-                self._webhook_queue.put_nowait(out)
-            except queue.Full:
-                if self.metrics is not None:
-                    self.metrics.webhook_failures.inc()
-
-    def _webhook_loop(self) -> None:
-        webhook = self._webhook
-        if webhook is None:
-            return
-        while not self._stop.is_set() or not self._webhook_queue.empty():
-            try:
-                incident = self._webhook_queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            delivery = webhook.send([incident])
-            if not delivery.ok:
-                log.warning("incident webhook failed after %d attempt(s): %s", delivery.attempts, delivery.error)
-                if self.metrics is not None:
-                    self.metrics.webhook_failures.inc()
-
     # ------------------------------------------------------------------ the loop
 
     def serve(self, *, max_seconds: float | None = None) -> None:
@@ -550,7 +509,7 @@ class DiagnosisService:
         gid = self.config.diagnosis.group_id
         ensure_topics(bus, self.bootstrap)
         self._open_guard_log()
-        self.make_engine()  # the engine prototype (catalogs, classifier imports: ~1 s) before any record waits on it
+        self.make_engine()  # the engine prototype (catalogs, classifier imports) before any record waits on it
         # Every round ends in a flush, so lingering only batches sends within a round.
         producer = self._producer = make_producer(bus, self.bootstrap, backend=self.config.diagnosis.producer,
                                                   keyring=self.keyring, linger_ms=20)
@@ -576,8 +535,7 @@ class DiagnosisService:
                                                  hold_back=lambda: {**repartitioner.hold_back(), **self._hold_back()},
                                                  metrics=self.metrics)
             repartitioner.dead_letter = loop.dead_letter  # a job topology that does not decode
-            if self._webhook is not None:
-                threading.Thread(target=self._webhook_loop, name="faultlens-webhook", daemon=True).start()
+            self.alerts.start(self._stop)
             started = time.monotonic()
             while not self._stop.is_set():
                 self._rebalanced()
@@ -606,12 +564,12 @@ class DiagnosisService:
 
     def _consumer(self, gid: str) -> Any:
         """One consumer for both stages: the input topics (repartitioned) and the repartition topic
-        (diagnosed); two groups per process made Tansu's joins take 10-40 s. Its partitions are decided
+        (diagnosed): two groups per process made the embedded broker's joins slow. Its partitions are decided
         by the members topic (membership.py: no group join) or by the consumer group: kafka-python (eager
         rebalances) or confluent-kafka (cooperative-sticky, stream/bus/librdkafka_consumer.py)."""
         d, bus = self.config.diagnosis, self.config.bus
         kinds = [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION]
-        # The changelog reader is opened now, not at the first assignment (~1 s of client start-up).
+        # The changelog reader is opened now, not at the first assignment (a client's start-up is slow).
         self._restorer = self._restorer or BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap),
                                                               eager=True)
         if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":

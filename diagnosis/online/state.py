@@ -5,9 +5,10 @@ the jobs of repartition partition *p* lives in changelog partition *p* (same
 partition count), one message per job key, the newest wins. A checkpoint of a
 job holds:
 
-* the engine's dynamic state (``DYNAMIC``: incident book, bursts, inhibition,
-  guard history, counters, detectors' baselines, step history...), never its
-  static parts (``STATIC``: configuration, catalogs, the node-health store);
+* the engine's dynamic state (diagnosis.engine_state.EngineState: incident book,
+  bursts, inhibition, guard history, counters, detectors' baselines, step
+  history...), never its static parts (configuration, catalogs, workflows, the
+  node-health store);
 * ``next_offset``: the repartition offset after the last record applied, so a
   restore skips records the checkpoint already reflects;
 * ``sources``: the last source offset per (kind, source key), so a record the
@@ -23,7 +24,7 @@ not finish are newer than the marker and skip what they already hold.
 A checkpoint is a versioned MessagePack document (msgspec, zlib-compressed;
 docs/schemas.md, "Diagnosis checkpoints"): ``{"format": "faultlens.checkpoint", "version": 2,
 "key", "next_offset", "sources", "outbox", "topology", "engine": {part: ...}}``,
-each dynamic part written by diagnosis/online/codec.py, which builds only plain
+each part of the engine's state written by diagnosis/online/codec.py, which builds only plain
 data and instances of faultlens's own classes. Nothing read back from the
 changelog is ever unpickled: a checkpoint or marker that does not read (another
 version, garbage, a null, an old pickle) is refused with ``CheckpointError`` and
@@ -54,7 +55,7 @@ from faultlens.stream.bus.replay_log import ReplayLog
 log = logging.getLogger(__name__)
 
 FORMAT = "faultlens.checkpoint"
-VERSION = 2  # 1 was a pickle: never read again
+VERSION = 2
 MARK_VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024  # a checkpoint inflating past this is refused (a zlib bomb)
 _MSGPACK = msgspec.msgpack.Encoder()
@@ -62,37 +63,9 @@ _MSGPACK = msgspec.msgpack.Encoder()
 
 class CheckpointError(FaultlensError):
     """A checkpoint or marker that does not read: the job (or partition) starts afresh."""
+
+
 MARK_KEY = "~mark"
-# The engine's attributes, split: what a checkpoint carries and what a new owner builds itself.
-# A dotted name carries one attribute of a part whose rest is static (CounterRules: compiled rules
-# and closures are rebuilt by the new owner, its per-GPU memory is carried).
-STATIC = frozenset({"config", "mode", "source", "catalog", "matcher", "policy", "node_health", "_classify", "steps_cfg",
-                    "counters", "guard_log", "on_suppressed", "routed_job",  # routed_job: set from the job's key by EngineFactory
-                    "hang_dwell_s"})  # hang_dwell_s: set by the service before each tick
-DYNAMIC = ("book", "counters._gpus", "counters._present", "counters._runs", "detectors", "guard", "aggregator", "_jobs", "_node_job", "_outputs",
-           "_evicted", "_slow_remedy", "_node_gpus", "_quarantined", "now", "_final", "counts", "_last_known", "jobwide", "_classify_ctx")
-
-GPU_MEMORY = "counters._gpus"
-# Parts a checkpoint written before they existed lacks: read as empty (counters._runs: no steady run).
-OPTIONAL: dict[str, Callable[[], Any]] = {"counters._runs": dict}
-
-
-def unclassified_attributes(engine: DiagnosisEngine) -> set[str]:
-    """Engine attributes that are neither STATIC nor DYNAMIC (a test keeps this empty)."""
-    return set(vars(engine)) - STATIC - {d.split(".", 1)[0] for d in DYNAMIC}
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _set(obj: Any, dotted: str, value: Any) -> None:
-    *head, last = dotted.split(".")
-    for part in head:
-        obj = getattr(obj, part)
-    setattr(obj, last, value)
 
 
 @dataclass
@@ -117,44 +90,12 @@ class JobState:
         return False
 
 
-# References from the dynamic state to static parts (a bound method of the node-health store):
-# cut before a checkpoint is written, re-made on restore from the new owner's own parts.
-STATIC_REFS: dict[str, Callable[[DiagnosisEngine], Any]] = {
-    "book.prior_blames": lambda e: e.node_health.prior_blames if e.node_health is not None else None,
-}
-
-
 def snapshot(state: JobState) -> bytes:
     """A job's checkpoint value (see the module docstring)."""
-    engine = state.engine
-    cut = {name: _get(engine, name) for name in STATIC_REFS}
-    for name in cut:
-        _set(engine, name, None)
-    try:
-        body = {"format": FORMAT, "version": VERSION, "key": state.key, "next_offset": state.next_offset,
-                "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
-                "topology": codec.encode(state.topology, "topology"),
-                "engine": {name: _encode_part(engine, name) for name in DYNAMIC}}
-        raw = _MSGPACK.encode(body)
-    finally:
-        for name, value in cut.items():
-            _set(engine, name, value)
-    return zlib.compress(raw, 1)
-
-
-def _encode_part(engine: DiagnosisEngine, name: str) -> Any:
-    if name == GPU_MEMORY:  # thousands of GPUs: plain rows, a steady node's reused (rules.CounterRules.memory_rows)
-        return {"$gpumem": engine.counters.memory_rows()}
-    return codec.encode(_get(engine, name), name)
-
-
-def _decode_part(engine: DiagnosisEngine, name: str, part: Any) -> Any:
-    if name == GPU_MEMORY and isinstance(part, dict) and "$gpumem" in part:
-        try:
-            return engine.counters.load_memory_rows(part["$gpumem"])
-        except (ValueError, TypeError, msgspec.ValidationError) as exc:
-            raise codec.CodecError(f"{name}: {exc}") from None
-    return codec.decode(part)  # the generic form (checkpoints written before the rows)
+    body = {"format": FORMAT, "version": VERSION, "key": state.key, "next_offset": state.next_offset,
+            "sources": state.sources, "outbox": codec.encode(state.outbox, "outbox"),
+            "topology": codec.encode(state.topology, "topology"), "engine": state.engine.state.snapshot(codec.encode)}
+    return zlib.compress(_MSGPACK.encode(body), 1)
 
 
 def _inflate(value: bytes) -> bytes:
@@ -192,23 +133,15 @@ def read_body(value: bytes | None) -> dict[str, Any]:
 
 def _load_into(engine: DiagnosisEngine, value: bytes) -> dict[str, Any]:
     body = read_body(value)
-    parts = body["engine"]
-    if set(parts) | OPTIONAL.keys() != set(DYNAMIC) | OPTIONAL.keys():
-        raise CheckpointError(f"checkpoint parts {sorted(parts)} are not {sorted(DYNAMIC)}")
-    for name, empty in OPTIONAL.items():
-        parts.setdefault(name, codec.encode(empty()))
     try:
-        decoded = {name: _decode_part(engine, name, part) for name, part in parts.items()}
         body["outbox"] = codec.decode(body.get("outbox"))
         body["topology"] = codec.decode(body.get("topology"))
-    except codec.CodecError as exc:
+        if not isinstance(body["outbox"], list) or not isinstance(body["topology"], (bytes, type(None))):
+            raise CheckpointError("checkpoint outbox or topology of the wrong type")
+        prior = engine.node_health.prior_blames if engine.node_health is not None else None
+        engine.state.restore(body["engine"], codec.decode, prior_blames=prior)
+    except (codec.CodecError, ValueError) as exc:
         raise CheckpointError(str(exc)) from None
-    if not isinstance(body["outbox"], list) or not isinstance(body["topology"], (bytes, type(None))):
-        raise CheckpointError("checkpoint outbox or topology of the wrong type")
-    for name, part in decoded.items():
-        _set(engine, name, part)
-    for name, remake in STATIC_REFS.items():
-        _set(engine, name, remake(engine))
     return body
 
 
@@ -223,12 +156,11 @@ def restore(value: bytes, partition: int, make_engine: Callable[[str], Diagnosis
 
 
 class EngineFactory:
-    """New engines for jobs, cheaply: one prototype is built (catalogs parsed once, ~30 ms), and
-    each job's engine shares its static parts and starts from the prototype's blank dynamic state.
+    """New engines for jobs, cheaply: one prototype is built (catalogs parsed once), and each job's
+    engine shares its static parts (DiagnosisEngine.fork) and starts from the prototype's blank state.
 
-    Building a full engine per job would parse the catalogs again for every job a rebalance
-    hands over, holding the service's thread (and its group heartbeats' interpreter time) for
-    seconds."""
+    Building a full engine per job would parse the catalogs again for every job a rebalance hands
+    over, holding the service's thread (and its group heartbeats' interpreter time)."""
 
     def __init__(self, build: Callable[[], DiagnosisEngine]):
         self._proto = build()
@@ -236,10 +168,7 @@ class EngineFactory:
         self._blank = snapshot(blank)
 
     def __call__(self, key: str = "") -> DiagnosisEngine:
-        import copy
-
-        engine = copy.copy(self._proto)
-        engine.counters = self._proto.counters.fork()  # static rules, its own per-GPU memory
+        engine = self._proto.fork()
         _load_into(engine, self._blank)
         # The repartitioner routes a node's records to its job's key only once a topology named
         # the node there: that job is the honest answer for a node this engine has no topology
