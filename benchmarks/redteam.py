@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from faultlens import lifeline  # noqa: E402 - after the path: children die with this script
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,8 @@ _FORGED_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \w+ faultlens\
 
 
 def _faultlens(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "faultlens.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return lifeline.spawn([sys.executable, "-m", "faultlens.cli", *args], signum=signal.SIGTERM, cwd=cwd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _stop(proc: subprocess.Popen[bytes], *, kill: bool = False) -> str:
@@ -726,8 +729,8 @@ class _Services:
         log = self.tmp / f"{log_name}-{len(self.logs)}.log"
         self.logs.append(log)
         out = log.open("w")
-        return subprocess.Popen([sys.executable, "-m", "faultlens.cli", *args], env=self.env(), cwd=self.tmp,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return lifeline.spawn([sys.executable, "-m", "faultlens.cli", *args], signum=signal.SIGTERM, env=self.env(),
+                              cwd=self.tmp, stdout=out, stderr=subprocess.STDOUT)
 
     def run(self, *args: str, log_name: str, timeout_s: float = 120) -> int:
         proc = self.start(*args, log_name=log_name)

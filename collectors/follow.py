@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 
 from faultlens.collectors.kernel_text import parse_journal_entry
 from faultlens.errors import NoData, SourceError
+from faultlens.lifeline import spawn
 
 READ_CHUNK = 1 << 20
 RESCAN_S = 5.0  # how often a follower looks for new/rotated files (a glob is a directory listing)
@@ -462,7 +463,7 @@ class JournalReader:
         self.bad_entries = 0
         self._buf = bytearray()
         try:
-            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # dies with the agent
         except OSError as exc:
             raise NoData(f"cannot run journalctl: {exc}") from None
         assert self.proc.stdout is not None
