@@ -1014,6 +1014,58 @@ def forged_member_heartbeats(scale: Scale) -> dict[str, int]:
     return counts
 
 
+@attack("forged_changelog_marker")
+def forged_changelog_marker(scale: Scale) -> dict[str, int]:
+    """Someone who can write diag-changelog but holds no diagnosis key writes, on every partition, a
+    marker with a huge offset (unsigned, and sealed with a key of their own) before `faultlens diagnose`
+    starts: obeyed, the new owner would skip every record below it. A real Xid 79 must still be acted
+    on, and each forged marker dead-lettered as unverified."""
+    from faultlens.diagnosis.online.state import MARK_KEY, changelog_context, mark_value
+    from faultlens.stream.signing import Keyring, new_key, seal, write_key
+    from faultlens.stream.topics import REPARTITION_PARTITIONS
+
+    svc = _Services("marker")
+    counts = {"records_skipped": 0, "crash_loops": 0, "tracebacks": 0, "forgeries_unaccounted": 0,
+              "genuine_refused": 0}
+    try:
+        svc.extra_env["FAULTLENS_KEYS_FILES"] = str(write_key(new_key("rt-diag"), svc.tmp / "diag-key.toml"))
+        theirs = Keyring([new_key("mallory")])
+        rounds = scale.n(2, minimum=1)
+        per_partition = 2 * rounds  # forgeries written to each partition, from its offset 0
+        with svc.producer() as p:
+            for _ in range(rounds):
+                for part in range(REPARTITION_PARTITIONS):
+                    mark = mark_value(10**12, time.time())
+                    for value in (mark, seal(theirs, mark, changelog_context(part, MARK_KEY))):
+                        p.send_raw("diag-changelog", MARK_KEY, value, partition=part)
+            p.flush(10)
+        proc, ready = _diagnose(svc, "diagnose")
+        if ready:
+            got = _xid_round(svc, "rtmark", "rtmark-n002")
+            counts["records_skipped"] += 0 if any(a.type == "evict_nodes" for a in got) else 1
+        else:
+            counts["records_skipped"] += 1
+        counts["crash_loops"] += (not ready) + (_stop_rc(proc) != 0)
+        # Only the newest records of a key are examined (the first that verifies wins): each partition
+        # must say so for its newest forgery at least.
+        said = svc.logs[-1].read_text(errors="replace").count("is unverified")
+        counts["forgeries_unaccounted"] = max(0, REPARTITION_PARTITIONS - said)
+        # A restart reads what the first run sealed: its markers and the job's checkpoint verify (newer
+        # than the forgeries, so those are not even examined) and the job's incident is still open.
+        proc, ready = _diagnose(svc, "diagnose-again")
+        time.sleep(2.0)  # every partition taken (the first "took partition" says ready)
+        counts["crash_loops"] += (not ready) + (_stop_rc(proc) != 0)
+        second = svc.logs[-1].read_text(errors="replace") if ready else ""
+        # (partitions the first run did not write keep only forgeries, at offsets below per_partition)
+        refused = [int(o) for o in re.findall(r"diag-changelog\[\d+\]@(\d+) is unverified", second)]
+        restored_jobs = re.findall(r"took partition \d+: ([1-9]\d*) job\(s\) to restore", second)
+        counts["genuine_refused"] = sum(o >= per_partition for o in refused) + (not restored_jobs)
+        counts["tracebacks"] = svc.tracebacks()
+    finally:
+        svc.close()
+    return counts
+
+
 @attack("poison_tombstones")
 def poison_tombstones(scale: Scale) -> dict[str, int]:
     """A null value and an empty one on every topic each service consumes (processor, diagnosis with
