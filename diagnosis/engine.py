@@ -40,7 +40,7 @@ from faultlens.diagnosis.detectors import (
     new_classify_context,
 )
 from faultlens.diagnosis.exceptions import exception_fingerprint, user_exception
-from faultlens.diagnosis.guard import Guard, job_level
+from faultlens.diagnosis.guard import Guard, job_level, retry_after_reset
 from faultlens.diagnosis.guardlog import GuardLog, LocalGuardLog
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
@@ -475,6 +475,9 @@ class DiagnosisEngine:
                 self._hang_workflow(inc, now, final=final)
             elif not inc.decided:
                 self._decide(inc)
+            retry = retry_after_reset(inc, self.guard_log)  # a person reset the breaker that refused it
+            if retry is not None:
+                self._act(inc, retry[0], retry=retry[1])
             held = inc.state.notify
             closing = now - inc.updated_ts > self.book.join_gap(inc.kind)
             if held is not None and not inc.decided and (final or closing or now - inc.opened_ts >= self.steps_cfg["notify_delay_s"]):
@@ -702,14 +705,14 @@ class DiagnosisEngine:
         if decision is not None:
             self._act(inc, decision)
 
-    def _act(self, inc: OpenIncident, decision: Decision) -> Decision | None:
+    def _act(self, inc: OpenIncident, decision: Decision, *, retry: str = "") -> Decision | None:
         """Through the guard rails and out as an action; returns what was taken (None: suppressed)."""
         job = self._jobs.get(inc.job)
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
         decision = job_level(decision)  # no node-targeted action with no node (diagnosis.guard)
         verdict = self.guard.check(decision, job=inc.job, now=self.now, job_nodes=job_nodes, log=self.guard_log,
-                                   claim_id=output_id("act", inc.id, decision.type))
+                                   claim_id=output_id("act", inc.id, decision.type), retry=retry)
         inc.decided.add(decision.type)
         for reason, text in verdict.suppressed:
             inc.record_suppression(reason, text, ts=self.now, type_=decision.type, nodes=decision.nodes,
