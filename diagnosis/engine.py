@@ -475,7 +475,7 @@ class DiagnosisEngine:
                 self._hang_workflow(inc, now, final=final)
             elif not inc.decided:
                 self._decide(inc)
-            retry = retry_after_reset(inc, self.guard_log)  # a person reset the breaker that refused it
+            retry = retry_after_reset(inc, self.guard_log, now)  # a person reset the breaker that refused it
             if retry is not None:
                 self._act(inc, retry[0], retry=retry[1])
             held = inc.state.notify

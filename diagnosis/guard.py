@@ -111,7 +111,7 @@ class Guard:
         return GuardVerdict(decision, notes, storm=storm, suppressed=suppressed)
 
 
-def retry_after_reset(inc: Any, log: GuardLog) -> tuple[Decision, str] | None:
+def retry_after_reset(inc: Any, log: GuardLog, now: float) -> tuple[Decision, str] | None:
     """The eviction the caps or a breaker refused on the open incident ``inc``, to claim again now that
     no breaker is open in its scope (one closes only by a person's reset), with the retry's name
     (deterministic: a replay after a restore claims the same and gets its first verdict back).
@@ -131,6 +131,7 @@ def retry_after_reset(inc: Any, log: GuardLog) -> tuple[Decision, str] | None:
     refused = pending[-1]
     n = sum(inc.suppressed_counts.get(r, 0) for r in RETRY_AFTER_RESET)
     inc.dirty = True
+    inc.updated_ts = max(inc.updated_ts, now)  # a new version of the incident: the lake's latest shows the retry
     return (Decision(ActionType.EVICT_NODES, tuple(refused["nodes"]),
                      f"retried after a guard reset (refused: {str(refused.get('text', ''))[:200]})", inc.confidence),
             f"retry{n}")
