@@ -171,6 +171,17 @@ class GuardConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """How long and how much of each lake table is kept (stream/retention.py; `faultlens stream --retention`)."""
+
+    max_age_days: float = 30.0  # every table: hours older than this are dropped; 0: no age bound
+    max_gb: float = 0.0  # every table: past this size the oldest hours are dropped; 0: no size bound
+    # Per table, overriding both: "TABLE=DAYS" or "TABLE=DAYS:GB" (e.g. "gpu=7:500", "gpu_1m=90").
+    tables: tuple[str, ...] = ()
+    lock_wait_s: float = 30.0  # how long a drop waits for the explorer's queries to finish before it skips
+
+
+@dataclass(frozen=True)
 class RunnerConfig:
     adapter: str = "dry-run"  # dry-run | slurm | kubernetes | command
     group_id: str = "faultlens-runner"
@@ -254,6 +265,7 @@ class UiConfig:
 class Config:
     bus: BusConfig = field(default_factory=BusConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)

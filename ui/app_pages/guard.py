@@ -1,5 +1,6 @@
 """Guard: what the guard rails held back across the fleet, and evictions that wait for a person."""
 
+import polars as pl
 import streamlit as st
 
 from faultlens.ui import state, views
@@ -23,7 +24,7 @@ st.subheader("By reason")
 st.dataframe([{"reason": r, "count": n} for r, n in g["by_reason"].items()], hide_index=True, width="stretch")
 st.subheader("By job")
 jobs = g["jobs"]
-st.dataframe(jobs.with_columns(last=jobs["last_ts"].map_elements(state.fmt_ts, return_dtype=str)).drop("last_ts"),
+st.dataframe(jobs.with_columns(last=jobs["last_ts"].map_elements(state.fmt_ts, return_dtype=pl.String)).drop("last_ts"),
              hide_index=True, width="stretch",
              column_config={"waiting": st.column_config.NumberColumn("waiting for a reset"),
                             "retried": st.column_config.NumberColumn("retried after a reset")})

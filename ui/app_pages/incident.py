@@ -1,5 +1,6 @@
 """Incident: culprit and reason first, then evidence, suspects, topology, stacks, step time, actions."""
 
+import polars as pl
 import streamlit as st
 
 from faultlens.ui import charts, state, views
@@ -39,10 +40,10 @@ if not held.is_empty():
     st.subheader("Held back by the guard")
     st.caption("Every suppression of this incident's actions (all counted; the newest listed). An eviction a cap "
                "or breaker refused is claimed again once a person resets the breaker (faultlens guard reset).")
-    st.dataframe(held.with_columns(last=held["last_ts"].map_elements(state.fmt_ts, return_dtype=str)).drop("last_ts"),
+    st.dataframe(held.with_columns(last=held["last_ts"].map_elements(state.fmt_ts, return_dtype=pl.String)).drop("last_ts"),
                  hide_index=True, width="stretch")
     listed = views.suppressions(inc)
-    st.dataframe(listed.with_columns(when=listed["ts"].map_elements(state.fmt_ts, return_dtype=str))
+    st.dataframe(listed.with_columns(when=listed["ts"].map_elements(state.fmt_ts, return_dtype=pl.String))
                  .select("when", "reason", "type", "nodes", "retried", "text"), hide_index=True, width="stretch",
                  column_config={"text": st.column_config.TextColumn("why", width="large")})
 
