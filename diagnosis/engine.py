@@ -711,8 +711,11 @@ class DiagnosisEngine:
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
         decision = job_level(decision)  # no node-targeted action with no node (diagnosis.guard)
+        newest = max((float(e.get("ts") or 0.0) for e in inc.evidence), default=None)  # online: its age on the wall clock
         verdict = self.guard.check(decision, job=inc.job, now=self.now, job_nodes=job_nodes, log=self.guard_log,
-                                   claim_id=output_id("act", inc.id, decision.type), retry=retry)
+                                   claim_id=output_id("act", inc.id, decision.type), retry=retry,
+                                   evidence_age_s=time.time() - newest if newest and self.mode.name == "online" else None,
+                                   max_evidence_age_s=self.config.diagnosis.max_evidence_age_s)
         inc.decided.add(decision.type)
         for reason, text in verdict.suppressed:
             inc.record_suppression(reason, text, ts=self.now, type_=decision.type, nodes=decision.nodes,

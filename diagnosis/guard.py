@@ -69,12 +69,15 @@ class Guard:
         self._sent: dict[tuple[str, str, tuple[str, ...]], float] = {}
 
     def check(self, decision: Decision, *, job: str, now: float, job_nodes: int, log: GuardLog,
-              claim_id: str, retry: str = "") -> GuardVerdict:
+              claim_id: str, retry: str = "", evidence_age_s: float | None = None,
+              max_evidence_age_s: float = 0.0) -> GuardVerdict:
         """The decision as it may go out (or None), with each suppression and its reason.
 
         ``claim_id`` names the eviction on the guard log (the action id: a replay claims the same);
         ``retry``: a refused eviction claimed again after a reset (``retry_after_reset``), under
-        ``claim_id/retry`` and not a duplicate of its refused self."""
+        ``claim_id/retry`` and not a duplicate of its refused self; ``evidence_age_s``: how old (wall
+        clock, online) the incident's newest evidence is: past ``max_evidence_age_s`` an eviction is
+        refused as "stale"."""
         notes: list[str] = []
         decision = job_level(decision)
         nodes = tuple(sorted(decision.nodes))
@@ -89,7 +92,10 @@ class Guard:
         storm = False
         if decision.type == ActionType.EVICT_NODES:
             refused: tuple[str, str] | None = None
-            if decision.confidence < self.config.min_confidence_evict:
+            if evidence_age_s is not None and 0 < max_evidence_age_s < evidence_age_s:
+                refused = ("stale", f"stale: the newest evidence is {evidence_age_s:.0f} s old, more than "
+                           f"diagnosis.max_evidence_age_s {max_evidence_age_s:g} s (the pipeline is behind)")
+            elif decision.confidence < self.config.min_confidence_evict:
                 refused = ("confidence", f"confidence {decision.confidence:.2f} below guard.min_confidence_evict "
                            f"{self.config.min_confidence_evict:.2f}")
             else:

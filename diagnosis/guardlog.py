@@ -65,7 +65,7 @@ UNKNOWN_JOB = "unknown"  # the engine's job for nodes no topology names
 GUARD_TOPIC = "diag-guard"
 # Why an action was not taken as decided (faultlens_actions_suppressed_total{reason}, incident.suppressed).
 SUPPRESSION_REASONS = ("duplicate", "confidence", "job_cap", "fleet_cap", "breaker", "storm", "guard_unavailable",
-                       "runner_refused")
+                       "runner_refused", "stale")
 MAX_VERDICTS = 20_000  # claim ids remembered for replays (oldest forgotten first)
 MAX_RESETS = 50
 

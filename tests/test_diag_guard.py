@@ -255,3 +255,26 @@ def test_after_a_reset_the_refused_eviction_is_retried_once_while_its_incident_i
     third = next(i for i in engine.book.incidents.values() if i.suppressed_counts and i.id != refused.id)
     assert third.suppressed_counts == {"job_cap": 1}
     assert not [o for o in engine.tick(T0 + 400) if isinstance(o, Action)]
+
+
+def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
+    """Issue 37.3: a pipeline minutes behind must not evict on what it saw then ([diagnosis] max_evidence_age_s)."""
+    import time
+
+    import msgspec
+
+    from faultlens.config import DiagnosisConfig
+
+    job = _job("s4", 8)
+    assert DiagnosisConfig().max_evidence_age_s == 0.0  # off by default, for now (see faultlens/config.py)
+    for age_s, limit, expect in ((120.0, 60.0, "notify"), (2.0, 60.0, "evict_nodes"), (120.0, 0.0, "evict_nodes")):
+        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)))  # online
+        engine.set_topology(msgspec.structs.replace(job.record, ts=time.time() - 600))
+        now = time.time()
+        out = [o for o in run_records(engine, [_xid(job.nodes[0], now - age_s)]) + engine.tick(now)
+               if isinstance(o, Action)]
+        assert [a.type for a in out] == [expect], (age_s, limit, out)
+        inc = next(iter(engine.book.incidents.values()))
+        assert (inc.suppressed_counts == {"stale": 1}) == (expect == "notify")
+        if expect == "notify":
+            assert "stale: the newest evidence is 1" in out[0].reason
