@@ -145,7 +145,9 @@ def measure(args: argparse.Namespace, mode: str, seconds: float) -> dict:
                "--kernel", str(kern), "--nccl", str(nccl), "--seconds", str(seconds + warmup + 2), "--mode", mode]
         if args.tick is not None:
             cmd += ["--tick", str(args.tick)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        from faultlens import lifeline
+
+        proc = lifeline.spawn(cmd, stdout=subprocess.PIPE, text=True)  # dies with this script
         assert proc.stdout is not None
         proc.stdout.readline()  # "ready": imports done
         t_start = time.monotonic()

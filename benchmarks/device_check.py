@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens import decode as decoder
-from faultlens import schema
+from faultlens import lifeline, schema
 from faultlens.collectors.kernel import KernelParser
 from faultlens.collectors.kernel_follow import KmsgReader
 from faultlens.collectors.nvml import PynvmlBackend
@@ -177,7 +177,7 @@ def _agent_end_to_end(report: dict[str, Any], seconds: float, kernel_log: str = 
             producer.send(schema.JobTopology(ts=time.time(), **topo.to_job_dict()))
             producer.flush(5)
         spool = Path("/tmp/faultlens-device-spool")
-        agent = subprocess.Popen(
+        agent = lifeline.spawn(  # dies with this script
             [sys.executable, "-m", "faultlens.cli", "agent", "--bootstrap-servers", broker.bootstrap,
              "--kernel-log", kernel_log, "--node", node, "--job", "device-check", "--spool-dir", str(spool),
              "--metrics-port", "0", "--duration-s", str(seconds + 10)],

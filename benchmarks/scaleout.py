@@ -67,6 +67,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from faultlens import lifeline  # noqa: E402 - after the path: children die with this script
+
 HOOK = r'''import json, os, sys, time
 event = json.load(sys.stdin)
 aid = event["data"]["id"]
@@ -220,8 +222,8 @@ class Cluster:
         cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--role", role, "--bootstrap", self.bootstrap,
                "--prefix", self.prefix, "--dir", str(self.dir), "--stats", str(self.dir / f"{name}.json")]
         log = open(self.dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, **(env or {})})
+        self.procs[name] = lifeline.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**os.environ, **(env or {})})  # dies with this script
         return name
 
     def kill(self, name: str) -> None:

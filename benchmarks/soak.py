@@ -51,6 +51,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from faultlens import lifeline  # noqa: E402 - after the path: children die with this script
+
 # (fault, node index, gpu) per job, and the action each must end in.
 FAULTS = (("gpu_lost", 0, 2), ("user_exception", 0, None), ("gpu_lost", 0, 5), ("user_exception", 0, None))
 EXPECTED = {"gpu_lost": "evict_nodes", "user_exception": "rollback_code"}
@@ -90,8 +92,9 @@ class Services:
 
     def _spawn(self, name: str) -> None:
         log = open(self.work / "logs" / f"{name.replace(':', '-')}.log", "ab")  # noqa: SIM115 - the child's
-        self.procs[name] = subprocess.Popen(self.argv[name], stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+        # called from the chaos thread too: lifeline.spawn keeps the parent-death signal on a lasting thread
+        self.procs[name] = lifeline.spawn(self.argv[name], signum=signal.SIGTERM, env=self.env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
     def sample(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from faultlens.collectors.follow import _HAS_MAGIC, READ_CHUNK, RESCAN_S, FileFollower, LogSource
 from faultlens.collectors.kernel_text import parse_journal_entry
 from faultlens.errors import NoData, SourceError
+from faultlens.lifeline import spawn
 
 KERNEL_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 
@@ -144,7 +145,7 @@ class JournalReader:
         self.bad_entries = 0
         self._buf = bytearray()
         try:
-            self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # dies with the agent
         except OSError as exc:
             raise NoData(f"cannot run journalctl: {exc}") from None
         assert self.proc.stdout is not None

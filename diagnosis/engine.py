@@ -38,7 +38,7 @@ from faultlens.diagnosis.detectors import (
 )
 from faultlens.diagnosis.engine_state import EngineState
 from faultlens.diagnosis.exceptions import exception_fingerprint
-from faultlens.diagnosis.guard import Guard
+from faultlens.diagnosis.guard import Guard, retry_after_reset
 from faultlens.diagnosis.guardlog import GuardLog, LocalGuardLog
 from faultlens.diagnosis.incidents import IncidentBook, OpenIncident, Signal
 from faultlens.diagnosis.inhibit import Inhibitor
@@ -409,6 +409,9 @@ class DiagnosisEngine:
                 wf.watch(self, job, now, final)
         for inc in self.book.open_incidents():
             self.workflow_for(inc.kind).on_tick(self, inc, now, final)
+            retry = retry_after_reset(inc, self.guard_log, now)  # a person reset the breaker that refused it
+            if retry is not None:
+                self.act(inc, retry[0], retry=retry[1])
             held = inc.state.notify
             closing = now - inc.updated_ts > self.book.join_gap(inc.kind)
             if held is not None and not inc.decided and (final or closing or
@@ -437,14 +440,18 @@ class DiagnosisEngine:
 
     # ------------------------------------------------------------------ acting
 
-    def act(self, inc: OpenIncident, decision: Decision) -> Decision | None:
-        """Through the guard rails and out as an action; returns what was taken (None: suppressed)."""
+    def act(self, inc: OpenIncident, decision: Decision, *, retry: str = "") -> Decision | None:
+        """Through the guard rails and out as an action; returns what was taken (None: suppressed).
+        ``retry``: an eviction refused earlier and claimed again after a guard reset."""
         st = self.state
         job = st.jobs.get(inc.job)
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
+        newest = max((float(e.get("ts") or 0.0) for e in inc.evidence), default=None)  # online: its age on the wall clock
         verdict = st.guard.check(decision, job=inc.job, now=st.now, job_nodes=job_nodes, log=self.guard_log,
-                                 claim_id=output_id("act", inc.id, decision.type))
+                                 claim_id=output_id("act", inc.id, decision.type), retry=retry,
+                                 evidence_age_s=time.time() - newest if newest and self.mode.name == "online" else None,
+                                 max_evidence_age_s=self.config.diagnosis.max_evidence_age_s)
         decision = verdict.asked or decision  # made job-level when it named no machine (diagnosis.guard)
         inc.decided.add(decision.type)
         for reason, text in verdict.suppressed:

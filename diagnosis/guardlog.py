@@ -72,7 +72,7 @@ def job_cap(c: GuardConfig, job_nodes: int) -> int:
 GUARD_TOPIC = "diag-guard"
 # Why an action was not taken as decided (faultlens_actions_suppressed_total{reason}, incident.suppressed).
 SUPPRESSION_REASONS = ("duplicate", "confidence", "job_cap", "fleet_cap", "breaker", "storm", "guard_unavailable",
-                       "runner_refused")
+                       "runner_refused", "stale")
 MAX_VERDICTS = 20_000  # claim ids remembered for replays (oldest forgotten first)
 MAX_RESETS = 50
 

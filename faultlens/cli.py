@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 
-from faultlens import __version__, logsafe
+from faultlens import __version__, lifeline, logsafe
 from faultlens.config import load_config
 from faultlens.decode import TimeBounds, set_time_bounds
 from faultlens.errors import FaultlensError
@@ -114,6 +114,7 @@ def _module(name: str):  # noqa: ANN202 - a module or None
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    lifeline.watch_parent()  # started by a faultlens parent (demo, a benchmark): end with it
     # Only the named command's module is imported: peek at the command first.
     name = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([name] if name in COMMANDS else None)

@@ -119,6 +119,11 @@ class DiagnosisConfig:
     # counted 22-32 false job hangs on a fleet without faults). 0: call at once. The demo scales it by
     # its --speed (its clock runs that much faster than the wall clock).
     hang_dwell_s: float = 30.0
+    # Online: an eviction whose newest evidence is older than this (wall clock) becomes a notify with the
+    # reason "stale": a pipeline that fell behind does not evict on what it saw minutes ago. 0: off (the
+    # default until the tests and benchmarks that replay old timestamps through online engines set it;
+    # 60 is the setting for a live fleet).
+    max_evidence_age_s: float = 0.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off
@@ -168,6 +173,17 @@ class GuardConfig:
     # there across runs; online instances keep a copy there (the topic diag-guard is the shared one).
     state_path: str = ""
     suppressions_kept: int = 20  # suppressions listed on an incident (all are counted by reason)
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """How long and how much of each lake table is kept (stream/retention.py; `faultlens stream --retention`)."""
+
+    max_age_days: float = 30.0  # every table: hours older than this are dropped; 0: no age bound
+    max_gb: float = 0.0  # every table: past this size the oldest hours are dropped; 0: no size bound
+    # Per table, overriding both: "TABLE=DAYS" or "TABLE=DAYS:GB" (e.g. "gpu=7:500", "gpu_1m=90").
+    tables: tuple[str, ...] = ()
+    lock_wait_s: float = 30.0  # how long a drop waits for the explorer's queries to finish before it skips
 
 
 @dataclass(frozen=True)
@@ -262,6 +278,7 @@ class UiConfig:
 class Config:
     bus: BusConfig = field(default_factory=BusConfig)
     lake: LakeConfig = field(default_factory=LakeConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faultlens.lifeline import spawn
+
 log = logging.getLogger(__name__)
 
 
@@ -46,9 +48,10 @@ class Supervisor:
         argv = [sys.executable, "-m", "faultlens.cli", *args]
         child = Child(name, argv, self.logdir / f"{name}.log")
         child._log = open(child.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        child.proc = subprocess.Popen(
-            argv, stdout=child._log, stderr=subprocess.STDOUT, env=self.env, cwd=os.getcwd(), start_new_session=True
-        )
+        # Its own session (a terminal's Ctrl-C reaches us, and we stop children in order); SIGTERM
+        # when this process dies without stopping them (faultlens.lifeline).
+        child.proc = spawn(argv, signum=signal.SIGTERM, env=self.env, stdout=child._log, stderr=subprocess.STDOUT,
+                           cwd=os.getcwd(), start_new_session=True)
         self.children.append(child)
         log.info("started %s (pid %d): %s", name, child.proc.pid, " ".join(args))
         return child

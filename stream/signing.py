@@ -434,6 +434,50 @@ class Keyring:
                                  f"more than the allowed skew of {self.max_skew_s:g} s")
 
 
+SEAL_MAGIC = b"FLSEAL1\n"  # a sealed record: magic, 2-byte header length, JSON header, payload
+
+
+def _seal_message(payload: bytes, context: bytes) -> bytes:
+    """What a seal signs: the context (where the record belongs) and a digest of the payload, so that
+    the signature costs the same for a 100-byte marker and a 1 MB checkpoint."""
+    return SEAL_MAGIC + hashlib.sha256(context).digest() + hashlib.sha256(payload).digest()
+
+
+def seal(keyring: Keyring, payload: bytes, context: bytes) -> bytes:
+    """``payload`` signed with the active key for one place (``context``: topic, partition, key), for
+    records a service writes for itself to read back (diagnosis's changelog). No expiry: a checkpoint
+    of an idle job stays valid; a record copied to another key or partition does not verify."""
+    key = keyring._signer_for(None)
+    head = orjson.dumps({"kid": key.id, "alg": key.alg, "sig": key.signature(_seal_message(payload, context))})
+    return SEAL_MAGIC + len(head).to_bytes(2, "big") + head + payload
+
+
+def unseal(keyring: Keyring, value: bytes | None, context: bytes) -> bytes:
+    """The payload of a record ``seal`` wrote for ``context``; ``Unverified`` for anything else
+    (unsigned, another key, another place, altered)."""
+    if not value:
+        raise Unverified("unsigned", "a null or empty record")
+    if not value.startswith(SEAL_MAGIC) or len(value) < len(SEAL_MAGIC) + 2:
+        raise Unverified("unsigned", "no seal")
+    start = len(SEAL_MAGIC) + 2
+    end = start + int.from_bytes(value[len(SEAL_MAGIC):start], "big")
+    try:
+        head = orjson.loads(value[start:end])
+    except orjson.JSONDecodeError:
+        raise Unverified("bad_envelope", "the seal's header is not JSON") from None
+    if not isinstance(head, dict) or not all(isinstance(head.get(f), str) for f in ("kid", "alg", "sig")):
+        raise Unverified("bad_envelope", "the seal's header lacks kid, alg or sig")
+    key = keyring.keys.get(head["kid"])
+    if key is None:
+        raise Unverified("unknown_key", f"key id {head['kid'][:64]!r} is not among [keys] files")
+    if head["alg"] != key.alg:
+        raise Unverified("wrong_algorithm", f"alg {head['alg'][:32]!r}, but key {key.id!r} is {key.alg}")
+    payload = value[end:]
+    if not key.matches(_seal_message(payload, context), head["sig"]):
+        raise Unverified("bad_signature", f"the seal does not match key {key.id!r} for this record's place")
+    return payload
+
+
 def verifier_warning(keyring: Keyring, service: str) -> str | None:
     """The start-up warning for a service that only verifies (runner, agent) but holds a key that signs."""
     ids = keyring.signing_key_ids()

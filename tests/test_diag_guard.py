@@ -127,9 +127,11 @@ def test_breaker_survives_a_restart_and_only_a_person_resets_it(tmp_path, capsys
     assert main(["guard", "reset", "--fleet", "--state-path", str(path)]) == 1
     assert main(["guard", "reset", "--fleet", "--reason", "leaf switch replaced", "--by", "oncall",
                  "--state-path", str(path)]) == 0
-    # the running engine reads the reset from the file before its next claim
+    # the running engine reads the reset from the file before its next claim; the eviction the breaker
+    # refused is claimed again too, its incident being still open (issue 37.6)
     actions, _ = _run(second, [_xid(jobs[1].nodes[5], T0 + 5 * 3600 + 600)])
-    assert [a.type for a in actions] == ["evict_nodes"]
+    assert sorted(tuple(a.nodes) for a in actions if a.type == "evict_nodes") == [(jobs[0].nodes[5],),
+                                                                                  (jobs[1].nodes[5],)]
     reset = second.guard_log.book.resets[-1]
     assert (reset["scope"], reset["by"], reset["reason"]) == ("fleet", "oncall", "leaf switch replaced")
 
@@ -228,3 +230,51 @@ def test_an_action_the_runner_refused_keeps_its_incident_open() -> None:
     other.observe(ActionStatus(ts=T0, action_id=actions[0].id, job="r", adapter="slurm", status="done"))
     other.tick(T0 + 10_000, final=True)
     assert other.book.incidents[actions[0].incident_id].status == "mitigated"
+
+
+def test_after_a_reset_the_refused_eviction_is_retried_once_while_its_incident_is_open(tmp_path) -> None:
+    """Issue 37.6: after `faultlens guard reset` the eviction the job cap refused was never retried."""
+    path = tmp_path / "guard.jsonl"
+    job = _job("r4", 4)
+    engine = _engine(GuardConfig(state_path=str(path)), [job])
+    actions, incidents = _run(engine, [_xid(job.nodes[0], T0), _xid(job.nodes[1], T0 + 60)])
+    assert [a.type for a in actions] == ["evict_nodes", "notify"]  # the second: the job cap (1 an hour)
+    refused = next(i for i in incidents.values() if i.suppressed_counts)
+    assert not [o for o in engine.tick(T0 + 120) if isinstance(o, Action)]  # no reset: nothing retried
+    # a person resets the job's breaker (another process: the file); the next tick claims again
+    assert main(["guard", "reset", "--job", "r4", "--reason", "r4-n00 replaced", "--state-path", str(path)]) == 0
+    out = [o for o in engine.tick(T0 + 180) if isinstance(o, Action)]
+    assert [(a.type, a.nodes, a.incident_id) for a in out] == [("evict_nodes", [job.nodes[1]], refused.id)]
+    assert "retried after a guard reset" in out[0].reason
+    inc = engine.book.incidents[refused.id]
+    assert inc.suppressed[-1]["retried"] is True and inc.state.refused is None
+    assert not [o for o in engine.tick(T0 + 240) if isinstance(o, Action)]  # once
+    # a refusal of the retry (the job cap again, as the reset forgot only the earlier grants) is not
+    # retried before the next reset
+    _run(engine, [_xid(job.nodes[2], T0 + 300)])
+    third = next(i for i in engine.book.incidents.values() if i.suppressed_counts and i.id != refused.id)
+    assert third.suppressed_counts == {"job_cap": 1}
+    assert not [o for o in engine.tick(T0 + 400) if isinstance(o, Action)]
+
+
+def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
+    """Issue 37.3: a pipeline minutes behind must not evict on what it saw then ([diagnosis] max_evidence_age_s)."""
+    import time
+
+    import msgspec
+
+    from faultlens.config import DiagnosisConfig
+
+    job = _job("s4", 8)
+    assert DiagnosisConfig().max_evidence_age_s == 0.0  # off by default, for now (see faultlens/config.py)
+    for age_s, limit, expect in ((120.0, 60.0, "notify"), (2.0, 60.0, "evict_nodes"), (120.0, 0.0, "evict_nodes")):
+        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)))  # online
+        engine.set_topology(msgspec.structs.replace(job.record, ts=time.time() - 600))
+        now = time.time()
+        out = [o for o in run_records(engine, [_xid(job.nodes[0], now - age_s)]) + engine.tick(now)
+               if isinstance(o, Action)]
+        assert [a.type for a in out] == [expect], (age_s, limit, out)
+        inc = next(iter(engine.book.incidents.values()))
+        assert (inc.suppressed_counts == {"stale": 1}) == (expect == "notify")
+        if expect == "notify":
+            assert "stale: the newest evidence is 1" in out[0].reason

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from faultlens.config import BusConfig, Config
 from faultlens.diagnosis.online.restorer import BackgroundRestorer
 from faultlens.diagnosis.online.state import MARK_KEY, ChangelogReader, Restored, mark_value
@@ -59,3 +61,42 @@ def test_a_moved_partition_decodes_a_job_at_its_first_record_and_the_rest_betwee
     assert service.states["job11"].next_offset == 111
     service._on_revoked([3])
     assert service.states == {} and service._undecoded == {}
+
+
+def test_a_keyed_changelog_obeys_only_what_diagnosis_sealed_for_that_place(bus: BusConfig) -> None:
+    """Issue 37.5: a forged marker with a high offset (unsigned, sealed with another key, or a genuine
+    one copied from another partition) must not make a new owner skip records; nor a forged checkpoint
+    or tombstone replace a job's state. Each is reported as unverified; the genuine record stands."""
+    from faultlens.diagnosis.online.state import changelog_context
+    from faultlens.stream.signing import Keyring, new_key, seal, unseal
+
+    ensure_topics(bus)
+    ours, theirs = Keyring([new_key("diag")]), Keyring([new_key("mallory")])
+    # a partition of its own: other tests of the session write diag-changelog partitions 2 and 5
+    p, other = 7, 8
+    with Producer(bus) as prod:
+        prod.send_raw("diag-changelog", "job-k", seal(ours, b"state-k", changelog_context(p, "job-k")), partition=p)
+        prod.send_raw("diag-changelog", MARK_KEY, seal(ours, mark_value(17, 1.0), changelog_context(p, MARK_KEY)),
+                      partition=p)
+        high = mark_value(10**12, 2.0)
+        for value in (high, seal(theirs, high, changelog_context(p, MARK_KEY)),
+                      seal(ours, high, changelog_context(other, MARK_KEY))):  # genuine, for another partition
+            prod.send_raw("diag-changelog", MARK_KEY, value, partition=p)
+        prod.send_raw("diag-changelog", "job-k", b"forged-state", partition=p)
+        prod.send_raw("diag-changelog", "job-k", None, partition=p)  # a tombstone: cannot be sealed
+        prod.flush(10)
+    reader = ChangelogReader(Config(bus=bus), None, ours)
+    try:
+        got = reader.read(p, timeout_s=30)
+    finally:
+        reader.close()
+    assert got.mark is not None and got.mark["next_offset"] == 17
+    assert got.values == {"job-k": b"state-k"}
+    reasons = sorted(why.split(":")[0] for _, _, why, _ in got.unverified)
+    assert reasons == ["bad_signature", "unknown_key", "unsigned", "unsigned", "unsigned"], got.unverified
+    # the seal binds the place: the same bytes do not open for another key or partition
+    sealed = seal(ours, b"x", changelog_context(p, "job-k"))
+    assert unseal(ours, sealed, changelog_context(p, "job-k")) == b"x"
+    for ctx in (changelog_context(p, "job-j"), changelog_context(other, "job-k")):
+        with pytest.raises(Exception, match="does not match"):
+            unseal(ours, sealed, ctx)

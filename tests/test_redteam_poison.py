@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-POISON_ATTACKS = ("poison_changelog", "poison_timestamps", "poison_tombstones", "pickle_checkpoint", "quoted_lake_path")
+POISON_ATTACKS = ("poison_changelog", "forged_changelog_marker", "poison_timestamps", "poison_tombstones", "pickle_checkpoint", "quoted_lake_path")
 
 
 def _redteam():

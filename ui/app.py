@@ -16,6 +16,7 @@ pages = [
     st.Page(HERE / "app_pages" / "overview.py", title="Overview", url_path="overview", default=True),
     st.Page(HERE / "app_pages" / "incident.py", title="Incident", url_path="incident"),
     st.Page(HERE / "app_pages" / "machine.py", title="Machine", url_path="machine"),
+    st.Page(HERE / "app_pages" / "guard.py", title="Guard", url_path="guard"),
     st.Page(HERE / "app_pages" / "labels.py", title="Labels", url_path="labels"),
 ]
 st.navigation(pages).run()

@@ -14,6 +14,7 @@ ui/README.md.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,15 @@ import pyarrow as pa
 
 from faultlens.stream.catalog import LAKE_TABLES, open_lake, rollup_schema
 from faultlens.stream.lake import MANIFEST_DIR
+from faultlens.stream.retention import reading
 from faultlens.ui.labels import LABELS_SCHEMA
 
 # Heatmaps and timelines are sent to the browser as Vega-Lite data: Altair refuses
 # more than 5,000 rows, so bins are widened in DuckDB until a chart fits.
 MAX_CHART_ROWS = 5_000
+# The lake of each open connection (by id; the newest 64): its queries hold the lake's reader lock,
+# so retention (stream/retention.py) never drops an hour under one.
+_LAKES: dict[int, Path] = {}
 
 
 def is_lake(path: str | Path) -> bool:
@@ -73,19 +78,26 @@ def connect(lake_path: str | Path) -> duckdb.DuckDBPyConnection:
         )
     else:
         con.execute(f"CREATE OR REPLACE VIEW labels AS {_empty_select(LABELS_SCHEMA)}")
+    _LAKES[id(con)] = lake
+    while len(_LAKES) > 64:
+        del _LAKES[next(iter(_LAKES))]
     return con
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params: Iterable[Any] | None = None) -> pl.DataFrame:
     """A query's result as a polars frame."""
-    frame = pl.from_arrow(con.sql(sql, params=list(params or [])).to_arrow_table())
+    lake = _LAKES.get(id(con))
+    with reading(lake) if lake is not None else contextlib.nullcontext():
+        frame = pl.from_arrow(con.sql(sql, params=list(params or [])).to_arrow_table())
     assert isinstance(frame, pl.DataFrame)
     return frame
 
 
 def fetch_rows(con: duckdb.DuckDBPyConnection, sql: str, params: Iterable[Any] | None = None) -> list[tuple[Any, ...]]:
     """All rows of a query, fetched at once (DuckDB refuses new work while a result is half read)."""
-    return con.sql(sql, params=list(params) if params else None).fetchall()
+    lake = _LAKES.get(id(con))
+    with reading(lake) if lake is not None else contextlib.nullcontext():
+        return con.sql(sql, params=list(params) if params else None).fetchall()
 
 
 def json_or(text: Any, default: Any) -> Any:

@@ -152,6 +152,78 @@ def muted(inc: dict[str, Any]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"item": pl.String, "by_rule": pl.String, "count": pl.Int64})
 
 
+SUPPRESSION_SCHEMA = {"reason": pl.String, "count": pl.Int64, "last_ts": pl.Float64, "listed": pl.Int64}
+SUPPRESSED_SCHEMA = {"ts": pl.Float64, "reason": pl.String, "type": pl.String, "nodes": pl.String, "text": pl.String,
+                     "retried": pl.Boolean}
+
+
+def suppression_counts(inc: dict[str, Any]) -> pl.DataFrame:
+    """Every reason the guard held an action of this incident back: how often (all counted) and when
+    last (of the newest ``guard.suppressions_kept`` listed), most frequent first."""
+    listed = [s for s in inc.get("suppressed") or [] if isinstance(s, dict)]
+    counts = inc.get("suppressed_counts") or {}
+    counts = counts if isinstance(counts, dict) else {}
+    rows = []
+    for reason in sorted(set(counts) | {str(s.get("reason", "")) for s in listed}):
+        mine = [float(s.get("ts") or 0.0) for s in listed if str(s.get("reason", "")) == reason]
+        rows.append({"reason": reason, "count": int(counts.get(reason, len(mine))), "last_ts": max(mine, default=None),
+                     "listed": len(mine)})
+    return pl.DataFrame(rows, schema=SUPPRESSION_SCHEMA).sort(["count", "reason"], descending=[True, False])
+
+
+def suppressions(inc: dict[str, Any]) -> pl.DataFrame:
+    """The listed suppressions of this incident, newest first: what was held back, why, and whether the
+    refused eviction was claimed again after a person's reset."""
+    rows = [{"ts": float(s.get("ts") or 0.0), "reason": str(s.get("reason", "")), "type": str(s.get("type", "")),
+             "nodes": ", ".join(map(str, s.get("nodes") or [])), "text": str(s.get("text", "")),
+             "retried": bool(s.get("retried", False))}
+            for s in inc.get("suppressed") or [] if isinstance(s, dict)]
+    return pl.DataFrame(rows, schema=SUPPRESSED_SCHEMA).sort("ts", descending=True)
+
+
+GUARD_JOB_SCHEMA = {"job": pl.String, "refusals": pl.Int64, "reasons": pl.String, "last_ts": pl.Float64,
+                    "waiting": pl.Int64, "retried": pl.Int64}
+
+
+def guard_state(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The guard across the fleet as the lake's incidents record it: suppressions by reason, per job
+    (refusals, reasons, the newest, open incidents whose eviction was refused and still waits for a
+    person, evictions retried after a reset) and evictions in the newest hour. The breakers' live state
+    is on the guard log (``faultlens guard status``); a job whose newest refusal is a cap or an open
+    breaker most likely still has one open."""
+    rows = _rows(con, "SELECT job, status, suppressed, suppressed_counts FROM incidents_latest "
+                      "WHERE suppressed_counts IS NOT NULL AND suppressed_counts NOT IN ('', '{}', 'null')")
+    by_reason: dict[str, int] = {}
+    by_job: dict[str, dict[str, Any]] = {}
+    for job, status, listed_raw, counts_raw in rows:
+        counts, listed = _json(counts_raw, {}), _json(listed_raw, [])
+        if not isinstance(counts, dict) or not counts:
+            continue
+        listed = [s for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+        j = by_job.setdefault(str(job), {"job": str(job), "refusals": 0, "reasons": set(), "last_ts": None,
+                                       "waiting": 0, "retried": 0})
+        for reason, n in counts.items():
+            by_reason[str(reason)] = by_reason.get(str(reason), 0) + int(n)
+            j["refusals"] += int(n)
+            j["reasons"].add(str(reason))
+        newest = max((float(s.get("ts") or 0.0) for s in listed), default=None)
+        if newest is not None:
+            j["last_ts"] = max(j["last_ts"] or newest, newest)
+        evictions = [s for s in listed if s.get("type") == "evict_nodes" and s.get("reason") != "duplicate"]
+        j["retried"] += sum(bool(s.get("retried")) for s in evictions)
+        j["waiting"] += status == "open" and any(not s.get("retried") for s in evictions)
+    frame = pl.DataFrame([{**j, "reasons": ", ".join(sorted(j["reasons"]))} for j in by_job.values()],
+                         schema=GUARD_JOB_SCHEMA).sort(["waiting", "refusals"], descending=True)
+    end = _rows(con, "SELECT max(ts) FROM actions_status")[0][0]
+    evicted: set[str] = set()
+    for (nodes,) in _rows(con, "SELECT nodes FROM actions_status WHERE type = 'evict_nodes' AND ts > ?",
+                          [float(end or 0.0) - 3600.0]) if end else []:
+        listed = _json(nodes, []) if isinstance(nodes, str) else nodes
+        evicted.update(map(str, listed or []))
+    return {"by_reason": dict(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))), "jobs": frame,
+            "evicted_last_hour": len(evicted), "waiting": int(frame["waiting"].sum()) if frame.height else 0}
+
+
 def job_topology(con: duckdb.DuckDBPyConnection, job: str, *, at_ts: float | None = None) -> Topology | None:
     """The job's topology as it was at ``at_ts`` (else its latest); None when the lake has none.
 

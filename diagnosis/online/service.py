@@ -55,18 +55,20 @@ from faultlens.diagnosis.online.state import (
     EngineFactory,
     JobState,
     Restored,
+    changelog_context,
     mark_value,
     restore,
     snapshot,
 )
 from faultlens.errors import BusError, ConfigError, SchemaError
+from faultlens.schema import DeadLetter
 from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.bus.consume_loop import ConsumeLoop, close_quietly
 from faultlens.stream.bus.librdkafka_consumer import consumer_backend, group_consumer
 from faultlens.stream.bus.librdkafka_producer import make_producer
 from faultlens.stream.bus.replay_log import RebalanceListener, partitions_of, topic_partitions
-from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring
+from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, seal
 
 log = logging.getLogger(__name__)
 INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks", "action-status")
@@ -158,6 +160,7 @@ class DiagnosisService:
         self.restores: list[dict[str, Any]] = []  # one entry per partition restored (for the benchmark)
         self.restore_failures = 0  # partitions whose changelog could not be read (their jobs started afresh)
         self.unreadable_checkpoints = 0  # job checkpoints and markers that did not read (started afresh)
+        self.unverified_changelog = 0  # of those, records without diagnosis's seal (forged, unsigned): dead-lettered
         self.max_clock_skew_s = config.time.max_clock_skew_s
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
@@ -274,7 +277,7 @@ class DiagnosisService:
         """New partitions: their changelog is read in the background (diagnosis.restorer); the jobs this
         instance already has keep running meanwhile, and these partitions' records wait (_refetch)."""
         if self._restorer is None:
-            self._restorer = BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap))
+            self._restorer = BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap, self.keyring))
         for p in sorted(set(partitions) - self.partitions):
             self._restorer.submit(p)
 
@@ -293,6 +296,9 @@ class DiagnosisService:
         keys = 0
         for offset, why in restored.bad_marks:
             self._unreadable("marker", MARK_KEY, p, offset, why)
+        for key, offset, why, head in restored.unverified:  # forged or unsigned: never obeyed
+            self._unreadable("marker" if key == MARK_KEY else "checkpoint", key, p, offset, why, head,
+                             reason="unverified")
         for key, value in restored.values.items():
             if key in self._undecoded:  # the same job key on two partitions (a repartitioned topic): as before,
                 self._decode(key)  # the last partition installed wins, each checkpoint read once
@@ -330,14 +336,27 @@ class DiagnosisService:
         except Exception as exc:  # noqa: BLE001 - revoked meanwhile: its next owner reads it
             log.debug("diagnosis: cannot resume partition %d: %r", p, exc)
 
-    def _unreadable(self, what: str, key: str, partition: int, offset: int, why: str) -> None:
-        """A checkpoint or marker that did not read: counted, logged with where it is; the job starts afresh."""
+    def _unreadable(self, what: str, key: str, partition: int, offset: int, why: str, payload: bytes = b"",
+                    *, reason: str = "unreadable") -> None:
+        """A checkpoint or marker that did not read or verify: counted, logged with where it is and
+        dead-lettered; the job starts afresh (or from an older checkpoint that verifies)."""
         self.unreadable_checkpoints += 1
-        log.error("diagnosis: %s of %s at %s[%d]@%d is unreadable (%s): %s", what, key,
-                  topics.topic("diag-changelog", self.config.bus.topic_prefix), partition, offset, why[:300],
-                  "that job starts afresh" if what == "checkpoint" else "the last marker that reads stands")
+        if reason == "unverified":
+            self.unverified_changelog += 1
+        topic = topics.topic("diag-changelog", self.config.bus.topic_prefix)
+        log.error("diagnosis: %s of %s at %s[%d]@%d is %s (%s): %s", what, key, topic, partition, offset, reason,
+                  why[:300], "that job starts afresh" if what == "checkpoint" else "the last marker that reads stands")
         if self.metrics is not None:
             self.metrics.checkpoints_unreadable.labels(what=what).inc()
+            self.metrics.dead_letters.labels(topic=topic, reason=reason).inc()
+        if self._producer is not None:
+            letter = DeadLetter(ts=time.time(), topic=topic, partition=partition, offset=offset, reason=reason,
+                                detail=f"{what}: {why}"[:2000], key=key,
+                                payload=payload.decode("utf-8", "backslashreplace"), size=len(payload))
+            try:
+                self._producer.send(letter)
+            except BusError as exc:
+                log.error("diagnosis: dead-lettering %s[%d]@%d failed: %s", topic, partition, offset, exc)
 
     def _bounded(self, ts: float) -> float:
         """A time no later than the wall clock plus ``time.max_clock_skew_s``: a job's clock never runs ahead."""
@@ -457,6 +476,11 @@ class DiagnosisService:
             st.outbox = []
             st.dirty = True  # the emptied outbox is checkpointed next round
 
+    def _sealed(self, partition: int, key: str, value: bytes) -> bytes:
+        """A changelog record signed with diagnosis's key for its place, when [keys] are configured:
+        a new owner obeys only what diagnosis wrote (diagnosis.online.state.ChangelogReader)."""
+        return seal(self.keyring, value, changelog_context(partition, key)) if self.keyring else value
+
     def _checkpoint(self, producer: Producer, partitions: set[int]) -> None:
         """Every changed job of ``partitions``, then each partition's marker, flushed."""
         dirty = [st for st in self.states.values() if st.dirty and st.partition in partitions]
@@ -466,10 +490,11 @@ class DiagnosisService:
         marked = {st.partition for st in dirty} | moved
         try:
             for st in dirty:
-                producer.send_raw("diag-changelog", st.key, snapshot(st), partition=st.partition)
+                producer.send_raw("diag-changelog", st.key, self._sealed(st.partition, st.key, snapshot(st)),
+                                  partition=st.partition)
             for p in marked:
-                producer.send_raw("diag-changelog", MARK_KEY, mark_value(self._applied.get(p, 0),
-                                                                        self.stream_time.get(p, 0.0)), partition=p)
+                mark = mark_value(self._applied.get(p, 0), self.stream_time.get(p, 0.0))
+                producer.send_raw("diag-changelog", MARK_KEY, self._sealed(p, MARK_KEY, mark), partition=p)
             producer.flush(30.0)
         except BusError as exc:
             # The changelog is not there to write (a memory-only broker restarted without it): the
@@ -570,7 +595,7 @@ class DiagnosisService:
         d, bus = self.config.diagnosis, self.config.bus
         kinds = [*(k for k in INPUT_KINDS if k != "jobs"), REPARTITION]
         # The changelog reader is opened now, not at the first assignment (a client's start-up is slow).
-        self._restorer = self._restorer or BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap),
+        self._restorer = self._restorer or BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap, self.keyring),
                                                               eager=True)
         if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":
             return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=_listener(self),

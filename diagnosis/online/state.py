@@ -33,6 +33,7 @@ that job (or partition marker) starts afresh; the service counts it.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -51,6 +52,7 @@ from faultlens.errors import BusError, FaultlensError
 from faultlens.stream import topics
 from faultlens.stream.bus import ensure_topics
 from faultlens.stream.bus.replay_log import ReplayLog
+from faultlens.stream.signing import Keyring, Unverified, unseal
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,22 @@ class Restored:
     seconds: float
     offsets: dict[str, int] = field(default_factory=dict)  # key -> changelog offset of its value
     bad_marks: list[tuple[int, str]] = field(default_factory=list)  # (offset, why) of markers that did not read
+    # (key, offset, why, the record's first bytes) of checkpoints, markers and tombstones whose seal did not
+    # verify: never obeyed (an older record of the key that verifies stands), dead-lettered by the service
+    unverified: list[tuple[str, int, str, bytes]] = field(default_factory=list)
+
+
+def changelog_context(partition: int, key: str) -> bytes:
+    """The place a changelog record is sealed for: a checkpoint or marker copied to another job or
+    partition does not verify (a genuine marker of a busier partition would skip records here)."""
+    return f"diag-changelog\0{partition}\0{key}".encode()
+
+
+# Sealed records kept per key until the end of a restore, newest last: only the newest are verified
+# (one Ed25519 check per job, not one per record of a changelog the broker does not compact), and a
+# forged newest one falls back to an older genuine one.
+CANDIDATES_PER_KEY = 3
+CANDIDATE_MARKS = 64
 
 
 class ChangelogReader:
@@ -218,8 +236,10 @@ class ChangelogReader:
     The broker may not compact (Tansu does not): then a restore reads every checkpoint ever
     written to the partition, and the newest per key wins all the same."""
 
-    def __init__(self, config: Config, bootstrap: str | None):
+    def __init__(self, config: Config, bootstrap: str | None, keyring: Keyring | None = None):
         self.name = topics.topic("diag-changelog", config.bus.topic_prefix)
+        # With [keys] configured every record must carry diagnosis's seal (stream.signing.seal).
+        self.keyring = keyring if keyring is not None else Keyring.from_config(config.keys)
         self._bus, self._bootstrap = config.bus, bootstrap
         self._log = ReplayLog(config.bus, bootstrap, self.name, fetch_max_bytes=64 * 1024 * 1024,
                               max_partition_fetch_bytes=32 * 1024 * 1024)
@@ -236,6 +256,7 @@ class ChangelogReader:
         offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
         bad_marks: dict[int, list[tuple[int, str]]] = {p: [] for p in partitions}
         marks: dict[int, dict[str, Any] | None] = dict.fromkeys(partitions)
+        sealed: dict[tuple[int, str], collections.deque[tuple[int, bytes | None]]] = {}
         n = dict.fromkeys(partitions, 0)
         try:
             known = c.known_partitions()
@@ -257,7 +278,10 @@ class ChangelogReader:
                     p = m.partition
                     n[p] += 1
                     key = m.key.decode("utf-8", "replace") if m.key else ""
-                    if key == MARK_KEY:
+                    if self.keyring:
+                        sealed.setdefault((p, key), collections.deque(
+                            maxlen=CANDIDATE_MARKS if key == MARK_KEY else CANDIDATES_PER_KEY)).append((m.offset, m.value))
+                    elif key == MARK_KEY:
                         try:
                             marks[p] = read_mark(m.value)  # the newest marker that reads wins
                         except CheckpointError as exc:
@@ -270,8 +294,23 @@ class ChangelogReader:
                         offsets[p][key] = m.offset
         except BusError as exc:
             raise BusError(f"restoring {self.name}{sorted(partitions)} failed: {exc}") from exc
+        unverified: dict[int, list[tuple[str, int, str, bytes]]] = {p: [] for p in partitions}
+        for (p, key), held in sealed.items():
+            for offset, value in reversed(held):  # the newest record of the key that verifies wins
+                try:
+                    payload = unseal(self.keyring, value, changelog_context(p, key))
+                    if key == MARK_KEY:
+                        marks[p] = read_mark(payload)
+                    else:
+                        values[p][key], offsets[p][key] = payload, offset
+                    break
+                except Unverified as exc:
+                    unverified[p].append((key, offset, f"{exc.reason}: {exc.detail}", (value or b"")[:4096]))
+                except CheckpointError as exc:  # sealed by diagnosis, yet no marker of this version
+                    bad_marks[p].append((offset, str(exc)))
         took = time.monotonic() - started
-        return {p: Restored(values[p], marks[p], n[p], took, offsets[p], bad_marks[p]) for p in partitions}
+        return {p: Restored(values[p], marks[p], n[p], took, offsets[p], bad_marks[p], unverified[p])
+                for p in partitions}
 
     def close(self) -> None:
         self._log.close()

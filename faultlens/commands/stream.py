@@ -14,6 +14,7 @@ from faultlens.metrics import MetricsServer, ServiceMetrics
 from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 from faultlens.stream.compaction import compact_lake
 from faultlens.stream.processor import ProcessorStats, StreamProcessor
+from faultlens.stream.retention import apply_retention
 
 HELP = (
     "Consume the faultlens topics as one member of a consumer group and write them to the "
@@ -35,11 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-rollups", action="store_true", help="do not write the gpu_1m / steps_1m partial rollups")
     parser.add_argument("--compact", action="store_true", help="compact small files of closed hours, then exit (no consuming)")
     parser.add_argument("--compact-min-age-s", type=non_negative_float, default=3600.0, help="with --compact: only hours untouched this long")
+    parser.add_argument("--retention", action="store_true",
+                        help="drop lake hours past [retention] (age, size per table), then exit (no consuming)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     lake_path = args.lake or config.lake.path
     catalog_path = args.catalog or config.lake.catalog_path
+    if args.retention:
+        kept = apply_retention(lake_path, config.retention)
+        if kept.skipped:
+            print(f"retention skipped: the lake's readers held it past {config.retention.lock_wait_s:g} s", file=sys.stderr)
+            return 1
+        print(f"retention dropped {sum(kept.dropped_hours.values())} table hours ({kept.dropped_bytes / 1e6:.1f} MB); "
+              f"kept {sum(kept.kept_bytes.values()) / 1e6:.1f} MB in {len(kept.kept_bytes)} tables")
+        return 0
     if args.compact:
 
         report = compact_lake(lake_path, min_age_s=args.compact_min_age_s)

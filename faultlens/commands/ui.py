@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from faultlens import ui
 from faultlens.config import Config
 from faultlens.errors import ConfigError
+from faultlens.lifeline import spawn
 from faultlens.ui.lake import is_lake
 
 HELP = (
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     port = args.port or config.ui.port
     print(f"faultlens explorer on http://{host}:{port}/ (lake {lake}); Ctrl-C stops it", flush=True)
     env = {**os.environ, "FAULTLENS_LAKE_PATH": str(lake)}
-    proc = subprocess.Popen(streamlit_argv(lake, host, port), env=env)
+    proc = spawn(streamlit_argv(lake, host, port), signum=signal.SIGTERM, env=env)  # ends with this process
     try:
         return proc.wait()
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from faultlens.errors import BrokerStartError
+from faultlens.lifeline import spawn
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,8 @@ class EmbeddedBroker:
         env = dict(os.environ, RUST_LOG=os.environ.get("FAULTLENS_TANSU_LOG", "warn"))
         # Own process group: a Ctrl-C on the terminal reaches us, and we stop
         # the broker in order rather than racing it.
-        self.proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        # the broker dies with this process, however it ends (faultlens.lifeline)
+        self.proc = spawn(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready()
         log.info("embedded broker (Tansu) up at %s, log %s", self.bootstrap, log_file.name)
         return self

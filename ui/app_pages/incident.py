@@ -1,5 +1,6 @@
 """Incident: culprit and reason first, then evidence, suspects, topology, stacks, step time, actions."""
 
+import polars as pl
 import streamlit as st
 
 from faultlens.ui import charts, state, views
@@ -33,6 +34,18 @@ if acts.is_empty():
 else:
     st.dataframe(acts.select("type", "nodes", "status", "adapter", "detail", "dry_run", "confidence", "reason"),
                  hide_index=True, width="stretch")
+
+held = views.suppression_counts(inc)
+if not held.is_empty():
+    st.subheader("Held back by the guard")
+    st.caption("Every suppression of this incident's actions (all counted; the newest listed). An eviction a cap "
+               "or breaker refused is claimed again once a person resets the breaker (faultlens guard reset).")
+    st.dataframe(held.with_columns(last=held["last_ts"].map_elements(state.fmt_ts, return_dtype=pl.String)).drop("last_ts"),
+                 hide_index=True, width="stretch")
+    listed = views.suppressions(inc)
+    st.dataframe(listed.with_columns(when=listed["ts"].map_elements(state.fmt_ts, return_dtype=pl.String))
+                 .select("when", "reason", "type", "nodes", "retried", "text"), hide_index=True, width="stretch",
+                 column_config={"text": st.column_config.TextColumn("why", width="large")})
 
 st.subheader("Suspects")
 st.dataframe(views.suspects(inc), hide_index=True, width="stretch")
