@@ -21,7 +21,13 @@ $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
 	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[all]'
 	touch $@
 
+# torch first, pinned, so the [torch] extra below is already met: where pip's find-links hold
+# the CPU wheel (this project's machines: /opt/wheels) it takes that one (~190 MB, ~30 s); a
+# plain `torch` requirement resolved on PyPI alone takes the 5.5 GB CUDA build. Point
+# TORCH_SPEC at another wheel or index, or TORCH_SPEC=none to skip it.
+TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	@if [ "$(TORCH_SPEC)" != none ]; then $(PY) -m pip install $(PIP_FLAGS) $(TORCH_SPEC); fi
 	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[test]'
 	touch $@ $(VENV)/.installed-demo
 
