@@ -5,7 +5,13 @@ NCCL watchdog writes each rank's recent collectives to ``TORCH_NCCL_DEBUG_INFO_T
 followed by the rank (default ``/tmp/nccl_trace_rank_<rank>``) when a collective times out.
 On a ``dump_stacks`` command the agent reads the files of the job's training processes
 (the prefix from each process's environment), keeps those written recently, and sends each
-as a summary (faultlens.flightrec) on the ``stacks`` topic beside the py-spy dumps. The
+as a summary (faultlens.flightrec) on the ``stacks`` topic beside the py-spy dumps.
+
+Ranks that run ``faultlens.torch``'s monitor (gloo has no dump-on-timeout of its own) leave
+``<prefix><rank>.monitor`` with their pid: those are asked first for a fresh dump
+(``<prefix><rank>.request`` touched; their monitor thread writes it within half a second)
+and waited for up to ``REQUEST_WAIT_S``. A rank that does not answer (stopped, dead, or its
+interpreter wedged) is a record with that ``error``: evidence, not missing data. The
 pickle is read with an unpickler that refuses every class; a file that is not a dump is
 reported in the record's ``error`` (its text the bare marker), never loaded.
 """
@@ -20,6 +26,8 @@ from faultlens import flightrec
 from faultlens.schema import StackDump
 
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+REQUEST_WAIT_S = 2.0  # how long the agent waits for monitored ranks to write a requested dump
+NOT_ANSWERED = "did not answer the Flight Recorder dump request"
 PREFIX_ENV = b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 
@@ -58,11 +66,49 @@ def collect(job: str, node: str, ranks: Iterable[tuple[int, str]], *, request_id
     return out
 
 
+def monitored(prefix: str, rank: int, pid: int) -> bool:
+    """True when ``pid`` is the rank's process that runs faultlens.torch's monitor (it answers requests)."""
+    try:
+        return Path(f"{prefix}{rank}.monitor").read_text().strip() == str(pid)
+    except OSError:
+        return False
+
+
+def request_dumps(ranks: list[tuple[int, str]], *, wait_s: float = REQUEST_WAIT_S) -> list[int]:
+    """Ask monitored ranks for a fresh dump and wait for them; the ranks that did not answer."""
+    asked = time.time()
+    for rank, prefix in ranks:
+        try:
+            Path(f"{prefix}{rank}.request").write_text(f"{asked:.3f}\n")
+        except OSError:
+            continue
+    pending = dict(ranks)
+    deadline = time.monotonic() + wait_s
+    while pending and time.monotonic() < deadline:
+        for rank, prefix in list(pending.items()):
+            try:
+                if Path(f"{prefix}{rank}").stat().st_mtime >= asked - 0.05:
+                    del pending[rank]
+            except OSError:
+                pass
+        if pending:
+            time.sleep(0.1)
+    return sorted(pending)
+
+
 def for_processes(job: str, node: str, procs: Iterable[tuple[int, int | None]], *, request_id: str | None = None,
                   proc: str = "/proc") -> list[StackDump]:
-    """The dumps of ``(pid, rank)`` training processes (ranks unknown are skipped)."""
-    wanted = [(rank, dump_prefix(pid, proc)) for pid, rank in procs if rank is not None]
-    return collect(job, node, wanted, request_id=request_id)
+    """The dumps of ``(pid, rank)`` training processes (ranks unknown are skipped); monitored ranks are
+    asked for a fresh one first, and one that does not answer is said."""
+    known = [(pid, rank, dump_prefix(pid, proc)) for pid, rank in procs if rank is not None]
+    asked = [(rank, prefix) for pid, rank, prefix in known if monitored(prefix, rank, pid)]
+    silent = request_dumps(asked) if asked else []
+    out = collect(job, node, [(rank, prefix) for _pid, rank, prefix in known], request_id=request_id)
+    pids = {rank: pid for pid, rank, _p in known}
+    for rank in silent:
+        out.append(StackDump(time.time(), job, node, rank, pids.get(rank), flightrec.MARKER, request_id,
+                             f"rank {rank} {NOT_ANSWERED} within {REQUEST_WAIT_S:g} s (stopped, dead or wedged)"))
+    return out
 
 
-__all__ = ["DEFAULT_PREFIX", "collect", "dump_prefix", "for_processes"]
+__all__ = ["DEFAULT_PREFIX", "collect", "dump_prefix", "for_processes", "monitored", "request_dumps"]

@@ -70,11 +70,14 @@ class LakeConfig:
 class AgentConfig:
     node: str = ""  # empty: this host's name
     job: str = ""
-    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs")
+    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs", "elastic")
     nvml_interval_s: float = 1.0
     kernel_follow: str = "auto"  # auto | kmsg | journal | file path
     nccl_glob: str = ""
     steps_glob: str = ""
+    # torchrun's per-rank error files (TORCHELASTIC_ERROR_FILE, written by @record), e.g.
+    # "/var/log/train/**/error.json" under torchrun's --log-dir: the failing rank's traceback.
+    error_files_glob: str = ""
     # The job's topology as the launcher writes it (job.json, DESIGN.md's batch format): the
     # ``jobs`` source publishes it at start, on change, and again after a broker loss.
     job_file: str = ""
