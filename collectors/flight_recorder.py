@@ -18,11 +18,16 @@ reported in the record's ``error`` (its text the bare marker), never loaded.
 
 from __future__ import annotations
 
+import glob
+import json
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from faultlens import flightrec
+from faultlens.collectors.sources import AgentServices, SourceBase, register_source
 from faultlens.schema import StackDump
 
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
@@ -66,12 +71,18 @@ def collect(job: str, node: str, ranks: Iterable[tuple[int, str]], *, request_id
     return out
 
 
+def monitor_info(prefix: str, rank: int) -> dict[str, Any]:
+    """What faultlens.torch's monitor of that rank wrote about itself ({pid, job, rank, node}), or {}."""
+    try:
+        info = json.loads(Path(f"{prefix}{rank}.monitor").read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def monitored(prefix: str, rank: int, pid: int) -> bool:
     """True when ``pid`` is the rank's process that runs faultlens.torch's monitor (it answers requests)."""
-    try:
-        return Path(f"{prefix}{rank}.monitor").read_text().strip() == str(pid)
-    except OSError:
-        return False
+    return monitor_info(prefix, rank).get("pid") == pid
 
 
 def request_dumps(ranks: list[tuple[int, str]], *, wait_s: float = REQUEST_WAIT_S) -> list[int]:
@@ -111,4 +122,62 @@ def for_processes(job: str, node: str, procs: Iterable[tuple[int, int | None]], 
     return out
 
 
-__all__ = ["DEFAULT_PREFIX", "collect", "dump_prefix", "for_processes", "monitored", "request_dumps"]
+DUMP_NAME_RE = re.compile(r"(\d+)$")  # <prefix><rank>; .request, .monitor and .tmp files are not dumps
+SCAN_S = 1.0
+
+
+class FlightRecorderSource(SourceBase):
+    """The agent's ``flight_recorder`` source: dumps the ranks wrote on their own (a stall watchdog,
+    NCCL's dump on timeout), shipped once each as they appear or change (``agent.flight_recorder_glob``,
+    e.g. ``/tmp/nccl_trace_rank_*``). A stalled rank's dump is its word that it is alive and where it
+    waits, before anyone asks; files there when the agent starts are an earlier run's."""
+
+    name = "flight_recorder"
+
+    def __init__(self, agent: AgentServices, options: dict[str, Any]):
+        super().__init__(agent, options)
+        self.pattern: str = options.get("glob") or getattr(agent.config.agent, "flight_recorder_glob", "")
+        self._seen: dict[str, float] = {}
+        self._next = 0.0
+
+    def start(self, positions: dict[str, Any]) -> None:
+        if not self.pattern:
+            self.agent.set_state(self.name, "off", "no flight_recorder_glob configured")
+            return
+        for path in self._dumps():
+            self._seen[path] = self._mtime(path)
+        self.agent.set_state(self.name, "ok", f"watching {self.pattern}")
+
+    def _dumps(self) -> list[str]:
+        return [p for p in glob.glob(self.pattern) if DUMP_NAME_RE.search(p)]
+
+    @staticmethod
+    def _mtime(path: str) -> float:
+        try:
+            return Path(path).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def poll(self, now: float) -> None:
+        if not self.pattern or now < self._next:
+            return
+        self._next = now + SCAN_S
+        out: list[StackDump] = []
+        for path in self._dumps():
+            mtime = self._mtime(path)
+            if not mtime or self._seen.get(path) == mtime:
+                continue
+            self._seen[path] = mtime
+            m = DUMP_NAME_RE.search(path)
+            assert m is not None
+            rank = int(m.group(1))
+            job = str(monitor_info(path[: m.start()], rank).get("job") or self.agent.job or "")
+            out += collect(job, self.agent.node, [(rank, path[: m.start()])])
+        if out:
+            self.agent.emit_many(out)
+            self.agent.success(self.name, records=len(out), now=now)
+
+
+register_source("flight_recorder", FlightRecorderSource)
+
+__all__ = ["FlightRecorderSource", "monitor_info", "DEFAULT_PREFIX", "collect", "dump_prefix", "for_processes", "monitored", "request_dumps"]

@@ -19,8 +19,9 @@ What it does, always off the training step's path:
 * **stall watchdog**: when no step completed for ``stall_s``, the rank writes its own Flight
   Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``; gloo and NCCL keep one when
   ``TORCH_FR_BUFFER_SIZE`` > 0, which the monitor sets if unset) to
-  ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``, where the agent's ``flight_recorder`` reader
-  looks for it.
+  ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``; the agent's ``flight_recorder`` source
+  (``agent.flight_recorder_glob``) ships it unasked: a stalled rank's own word that it is
+  alive and where it waits.
 * **dump on request**: the agent answering ``dump_stacks`` touches ``<that path>.request``;
   the watchdog thread sees it within ``poll_s`` and writes a fresh dump (a stopped or dead
   rank does not: collectors/flight_recorder.py reports that as evidence).
@@ -49,7 +50,7 @@ SCHEMA_VERSION = 1  # faultlens.schema.SCHEMA_VERSION (the schema module is not 
 FR_PREFIX_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 FR_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"  # PyTorch's default, and collectors/flight_recorder.py's
 REQUEST_SUFFIX = ".request"  # <dump path>.request: the agent asks for a fresh dump
-MONITOR_SUFFIX = ".monitor"  # <dump path>.monitor: this rank's pid; the agent asks only ranks that have one
+MONITOR_SUFFIX = ".monitor"  # <dump path>.monitor: {pid, job, rank, node}; the agent asks only ranks that have one
 FR_BUFFER_DEFAULT = "2000"  # entries the Flight Recorder keeps when the job did not say
 
 
@@ -121,8 +122,8 @@ class TrainingMonitor:
         self._request_seen = 0.0
         self._comm: list[float] = [0.0, 0.0, 0.0]  # first bucket launched, last bucket done, buckets (this step)
         try:  # tells the agent this pid answers dump requests
-            with open(self.dump_path + MONITOR_SUFFIX, "w") as f:
-                f.write(str(os.getpid()))
+            with open(self.dump_path + MONITOR_SUFFIX, "wb") as f:
+                f.write(orjson.dumps({"pid": os.getpid(), "job": self.job, "rank": self.rank, "node": self.node}))
         except OSError:
             self.errors += 1
         self._stop = threading.Event()
