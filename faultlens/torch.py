@@ -115,7 +115,7 @@ class TrainingMonitor:
         self._buf: deque[dict[str, Any]] = deque()
         self._max = max_buffer
         self.errors = self.dropped = self.written = 0
-        self.dumps = self.dump_errors = 0
+        self.dumps = self.dump_errors = self.failed_steps = 0
         self.last_dump_error = ""
         self._last_step_mono = time.monotonic()
         self._stall_dumped = False
@@ -139,7 +139,10 @@ class TrainingMonitor:
         self._comm[:] = [0.0, 0.0, 0.0]
         try:
             yield timer
-        finally:
+        except BaseException:
+            self.failed_steps += 1  # a step that raised did not complete: no record (its loss would read as missing)
+            raise
+        else:
             try:
                 if lengths is not None:
                     timer.fields.update(workload(lengths))
@@ -261,7 +264,8 @@ class TrainingMonitor:
             return None
 
     def stats(self) -> dict[str, Any]:
-        return {"written": self.written, "dropped": self.dropped, "errors": self.errors, "dumps": self.dumps,
+        return {"written": self.written, "dropped": self.dropped, "errors": self.errors, "failed_steps": self.failed_steps,
+                "dumps": self.dumps,
                 "dump_errors": self.dump_errors, "last_dump_error": self.last_dump_error}
 
     def close(self) -> None:
@@ -274,3 +278,60 @@ class TrainingMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------- framework callbacks
+def lightning_callback(monitor: TrainingMonitor | None = None, **kwargs: Any) -> Any:
+    """A PyTorch Lightning ``Callback`` over the same monitor (``lightning`` or ``pytorch_lightning``):
+    one step record per training batch, with the loss the step returned."""
+    try:  # lazy, optional: Lightning only where the job uses it
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+    mon = monitor or TrainingMonitor(**kwargs)
+
+    class FaultlensCallback(Callback):  # type: ignore[misc, valid-type]
+        monitor = mon
+        _t0 = 0.0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            fields = {"loss": loss.detach() if hasattr(loss, "detach") else loss} if loss is not None else {}
+            mon.record(trainer.global_step, time.perf_counter() - self._t0, **fields)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            mon.flush()
+
+    return FaultlensCallback()
+
+
+def hf_callback(monitor: TrainingMonitor | None = None, **kwargs: Any) -> Any:
+    """A Hugging Face ``transformers.TrainerCallback`` over the same monitor: one step record per
+    optimizer step; loss and grad norm from the Trainer's logs (``on_log``), on the step after."""
+    # lazy, optional: transformers only where the job uses it
+    from transformers import TrainerCallback
+
+    mon = monitor or TrainingMonitor(**kwargs)
+
+    class FaultlensHFCallback(TrainerCallback):  # type: ignore[misc, valid-type]
+        monitor = mon
+        _t0 = 0.0
+        _logged: dict[str, Any] = {}
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            fields, self._logged = self._logged, {}
+            mon.record(state.global_step, time.perf_counter() - self._t0, **fields)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            self._logged = {k: logs[k] for k in ("loss", "grad_norm") if logs and k in logs}
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            mon.flush()
+
+    return FaultlensHFCallback()
