@@ -11,7 +11,7 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 # nothing in pyproject.toml can silence it, so the install steps filter that one message.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test check chromium bench lint typecheck clean
+.PHONY: demo test check chromium bench lint typecheck clean realjob
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ typecheck: $(VENV)/.installed-test
 # Static checks first (seconds), then the suite.
 test: chromium lint typecheck
 	$(PY) -m pytest -q
+
+# A real PyTorch job (DDP over gloo, virtual nodes, real faults) through the whole pipeline.
+# REALJOB=--quick (8 ranks, five faults) or REALJOB= (every fault); root (PID namespaces).
+REALJOB ?= --smoke
+realjob: $(VENV)/.installed-test
+	$(PY) benchmarks/realjob.py $(REALJOB) --workdir realjob-run
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/faultlens bench --quick

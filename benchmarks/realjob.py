@@ -179,6 +179,10 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
         if fault.cls == "input" and actions:
             break
     c.stop_job()
+    for g in Path("/sys/fs/cgroup").glob(f"*/faultlens-slow-{job}"):  # the CPU cap's group, now empty
+        g.rmdir()
+    for g in Path("/sys/fs/cgroup").glob(f"faultlens-slow-{job}"):
+        g.rmdir()
     acting = [a for a in actions if a.get("type") in ACTING]
     evicted = sorted({n for a in actions if a.get("type") == "evict_nodes" for n in a.get("nodes") or []})
     first = acting[0] if acting else None

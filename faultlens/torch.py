@@ -16,8 +16,8 @@ What it does, always off the training step's path:
   ``steps`` source follows (``--steps-glob``). Tensors given as loss or grad norm are turned
   into numbers by that thread, so the training thread never waits on the device for them;
   ``comm_s`` comes from a DDP communication hook (``watch_ddp``) timing its buckets.
-* **stall watchdog**: when no step completed for ``stall_s``, the rank writes its own Flight
-  Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``; gloo and NCCL keep one when
+* **stall watchdog**: when no step completed for ``stall_s`` (and again every ``stall_s`` while
+  the stall lasts), the rank writes its own Flight Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``; gloo and NCCL keep one when
   ``TORCH_FR_BUFFER_SIZE`` > 0, which the monitor sets if unset) to
   ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``; the agent's ``flight_recorder`` source
   (``agent.flight_recorder_glob``) ships it unasked: a stalled rank's own word that it is
@@ -118,7 +118,7 @@ class TrainingMonitor:
         self.dumps = self.dump_errors = self.failed_steps = 0
         self.last_dump_error = ""
         self._last_step_mono = time.monotonic()
-        self._stall_dumped = False
+        self._next_stall_dump = 0.0
         self._request_seen = 0.0
         self._comm: list[float] = [0.0, 0.0, 0.0]  # first bucket launched, last bucket done, buckets (this step)
         try:  # tells the agent this pid answers dump requests
@@ -156,7 +156,6 @@ class TrainingMonitor:
         """Queue one step record (converted and written by the background thread). Never raises."""
         try:
             self._last_step_mono = time.monotonic()
-            self._stall_dumped = False
             if len(self._buf) >= self._max:
                 self.dropped += 1
                 return
@@ -212,8 +211,11 @@ class TrainingMonitor:
         if req and req != self._request_seen:
             self._request_seen = req
             self.dump_flight_recorder()
-        if not self._stall_dumped and now - self._last_step_mono > self.stall_s:
-            self._stall_dumped = True  # once per stall: the next completed step re-arms it
+        stalled = now - self._last_step_mono
+        if stalled > self.stall_s and now >= self._next_stall_dump:
+            # Again every stall_s while it lasts: each dump says where the rank waits now, and on a
+            # host without GPU samples it is the only record that moves the job's event time on.
+            self._next_stall_dump = now + self.stall_s
             self.dump_flight_recorder()
 
     def flush(self) -> None:

@@ -45,7 +45,7 @@ def children(pid: int) -> list[int]:
 
 
 def launch(work: Path, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, FAULTLENS_NODE="vn0", FAULTLENS_JOB="fixture", FAULTLENS_STEPS_DIR=str(work),
+    env = dict(os.environ, FAULTLENS_NODE="vn0", FAULTLENS_JOB="fixture", FAULTLENS_ATTEMPT=f"capture-{port}", FAULTLENS_STEPS_DIR=str(work),
                TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(work / "fr_rank_"), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", "--log-dir",
@@ -78,12 +78,22 @@ def wait_steps(work: Path, n: int) -> None:
     raise RuntimeError("no steps")
 
 
-def stop(launcher: subprocess.Popen[bytes]) -> None:
+def stop(launcher: subprocess.Popen[bytes], port: int) -> None:
+    """The launcher and every rank and worker (torchrun starts each rank in a session of its own)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.torchjob.cluster import job_pids
+
     try:
         os.killpg(launcher.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     launcher.wait()
+    for pid in job_pids(f"capture-{port}"):
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main() -> int:
@@ -102,7 +112,8 @@ def main() -> int:
 
     # blocked + stopped
     work = work_root / "blocked"
-    lr = launch(work, 29801)
+    port = 29801
+    lr = launch(work, port)
     try:
         r0, r1 = ranks(lr)
         wait_steps(work, 5)
@@ -116,12 +127,13 @@ def main() -> int:
         (out / "pyspy_stopped.json").write_text(json.dumps(pyspy(r1), indent=1))
         os.kill(r1, signal.SIGCONT)
     finally:
-        stop(lr)
+        stop(lr, port)
 
     # a hung DataLoader worker, and a storage read that never returns
     for name, make in (("worker_hung", "stop-worker"), ("storage_blocked", "fifo")):
         work = work_root / name
-        lr = launch(work, 29802 if make == "stop-worker" else 29803)
+        port = 29802 if make == "stop-worker" else 29803
+        lr = launch(work, port)
         try:
             r0, _ = ranks(lr)
             wait_steps(work, 5)
@@ -132,18 +144,19 @@ def main() -> int:
             time.sleep(6)
             (out / f"pyspy_{name}.json").write_text(json.dumps(pyspy(r0, subprocesses=True), indent=1))
         finally:
-            stop(lr)
+            stop(lr, port)
 
     # an exception on rank 1: the error file and torchrun's summary
     work = work_root / "exception"
-    lr = launch(work, 29804)
+    port = 29804
+    lr = launch(work, port)
     try:
         ranks(lr)
         wait_steps(work, 3)
         (work / "ctl" / "raise-1").touch()
         lr.wait(timeout=120)
     finally:
-        stop(lr)
+        stop(lr, port)
     err = next(work.glob("tr/*/attempt_0/1/error.json"))
     shutil.copy(err, out / "torchelastic_error_rank1.json")
     shutil.copy(work / "torchrun.log", out / "torchrun_childfailed.log")

@@ -55,7 +55,9 @@ class Cluster:
     nodes: int = 4
     ranks_per_node: int = 2
     hang_s: float = 20.0  # diagnosis.hang_no_progress_s: a silence this long is a hang (capped by it)
-    stall_s: float = 8.0  # the ranks' stall watchdog writes its Flight Recorder dump after this
+    # The ranks' stall watchdog writes its Flight Recorder dump after this, and again every stall_s: with
+    # no GPU samples (CPU nodes) those dumps are the only records that move a hung job's event time on.
+    stall_s: float = 5.0
     ckpt_every: int = 10
     vnodes: list[VirtualNode] = field(default_factory=list)
     job: str = ""
