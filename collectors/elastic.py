@@ -43,8 +43,8 @@ def read_error_file(text: str) -> tuple[str, str, float | None]:
     info = msg.get("extraInfo") or {}
     stack = str(info.get("py_callstack") or msg["message"])
     try:
-        ts: float | None = float(info.get("timestamp"))
-    except (TypeError, ValueError):
+        ts: float | None = float(info["timestamp"])
+    except (KeyError, TypeError, ValueError):
         ts = None
     return str(msg["message"]), stack, ts
 
@@ -61,7 +61,7 @@ class ElasticErrorSource(SourceBase):
 
     def __init__(self, agent: AgentServices, options: dict[str, Any]):
         super().__init__(agent, options)
-        self.pattern: str = options.get("glob") or getattr(agent.config.agent, "error_files_glob", "")
+        self.pattern = str(options.get("glob") or agent.config.agent.error_files_glob)
         self._seen: dict[str, list[float]] = {}
         self._next = 0.0
 

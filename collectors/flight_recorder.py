@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import re
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -124,20 +125,25 @@ def for_processes(job: str, node: str, procs: Iterable[tuple[int, int | None]], 
 
 DUMP_NAME_RE = re.compile(r"(\d+)$")  # <prefix><rank>; .request, .monitor and .tmp files are not dumps
 SCAN_S = 1.0
+STALL_STACK_S = 20.0  # a rank's stall dump also gets it a py-spy stack, at most this often per rank
 
 
 class FlightRecorderSource(SourceBase):
     """The agent's ``flight_recorder`` source: dumps the ranks wrote on their own (a stall watchdog,
     NCCL's dump on timeout), shipped once each as they appear or change (``agent.flight_recorder_glob``,
     e.g. ``/tmp/nccl_trace_rank_*``). A stalled rank's dump is its word that it is alive and where it
-    waits, before anyone asks; files there when the agent starts are an earlier run's."""
+    waits, before anyone asks; files there when the agent starts are an earlier run's. A rank whose
+    monitor file names its pid (faultlens.torch) also gets a py-spy stack taken (at most every
+    ``STALL_STACK_S``): its Python stack at the stall, and on a host without GPU samples the evidence
+    diagnosis needs that the job's processes are alive while its steps stopped."""
 
     name = "flight_recorder"
 
     def __init__(self, agent: AgentServices, options: dict[str, Any]):
         super().__init__(agent, options)
-        self.pattern: str = options.get("glob") or getattr(agent.config.agent, "flight_recorder_glob", "")
+        self.pattern = str(options.get("glob") or agent.config.agent.flight_recorder_glob)
         self._seen: dict[str, float] = {}
+        self._stack_taken: dict[int, float] = {}
         self._next = 0.0
 
     def start(self, positions: dict[str, Any]) -> None:
@@ -171,11 +177,25 @@ class FlightRecorderSource(SourceBase):
             m = DUMP_NAME_RE.search(path)
             assert m is not None
             rank = int(m.group(1))
-            job = str(monitor_info(path[: m.start()], rank).get("job") or self.agent.job or "")
-            out += collect(job, self.agent.node, [(rank, path[: m.start()])])
+            prefix = path[: m.start()]
+            info = monitor_info(prefix, rank)
+            job = str(info.get("job") or self.agent.job or "")
+            out += collect(job, self.agent.node, [(rank, prefix)])
+            pid = info.get("pid")
+            if isinstance(pid, int) and now - self._stack_taken.get(rank, -1e9) >= STALL_STACK_S \
+                    and dump_prefix(pid) == prefix:  # the pid is that rank's process as this agent sees it
+                self._stack_taken[rank] = now
+                threading.Thread(target=self._take_stack, args=(pid, job, rank), daemon=True,
+                                 name=f"faultlens-stall-stack-{rank}").start()
         if out:
             self.agent.emit_many(out)
             self.agent.success(self.name, records=len(out), now=now)
+
+    def _take_stack(self, pid: int, job: str, rank: int) -> None:
+        """py-spy of a rank that said it stalled (its own thread: py-spy takes a fraction of a second)."""
+        from faultlens.collectors.stacks import dump_stack
+
+        self.agent.emit_many([dump_stack(pid, job=job, node=self.agent.node, rank=rank, timeout_s=10.0)])
 
 
 register_source("flight_recorder", FlightRecorderSource)

@@ -117,6 +117,7 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ddp_over_gloo_comm_split_stall_dump_and_dump_on_request(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import socket
