@@ -197,7 +197,9 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
         "fault": fault.name, "cls": fault.cls, "job": job, "node": node, "rank": rank, "injected": what,
         "action": f"{first.get('type')} {','.join(first.get('nodes') or [])}".strip() if first else "none",
         "all_actions": [f"{a.get('type')} {','.join(a.get('nodes') or [])}".strip() for a in actions],
-        "incidents": [f"{i.get('category')}/{i.get('kind')}: {str(i.get('title'))[:100]}" for i in incidents.values()],
+        "incidents": [f"{i.get('status')} {i.get('category')}/{i.get('kind')} "
+                      f"[{','.join(str(x.get('node')) for x in i.get('suspects') or [])}]: {str(i.get('title'))[:100]}"
+                      f" | {str(i.get('summary'))[:160]}" for i in incidents.values()],
         "right": right, "false_evictions": [n for n in evicted if n != node or not fault.names_node],
         "to_action_s": round(first["_seen_s"], 1) if first else None,
         "job_back_s": round(back_at - t_inj, 1) if back_at else None, "restart": done,
