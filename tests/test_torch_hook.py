@@ -284,3 +284,34 @@ def test_a_real_ddp_job_reaches_diagnosis_and_a_lost_machine_is_evicted(tmp_path
         assert handed and handed[0]["type"] == "evict_nodes"  # the runner ran the command hook
     finally:
         c.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")  # Lightning 2.6 on torch 2.13: its own advice, deprecations
+def test_lightning_callback_records_each_training_batch(tmp_path: Path) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+
+    from faultlens.torch import lightning_callback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(12, 4), torch.randn(12, 1))
+    mon = TrainingMonitor(job="pl", rank=0, node="n", steps_path=str(tmp_path / "s.jsonl"), stall_s=3600,
+                          flight_recorder=False)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[lightning_callback(mon)])
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    mon.close()
+    recs = [schema.from_dict("steps", json.loads(line)) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [r.step for r in recs] == [1, 2, 3] and all(r.loss is not None and r.loss >= 0 for r in recs)
