@@ -9,10 +9,10 @@ directory). The file holds ``{"message": {"message": "Type: text", "extraInfo":
 names the root cause only once every rank has stopped; this file is there the moment the
 rank fails, with the whole traceback.
 
-Every ``agent.error_files_glob`` match not seen before (path, mtime, size) is read once:
-its traceback goes through the NCCL/torch parser (collectors/nccl.py) as that rank's
-lines, so it arrives as the same ``traceback`` record a rank's log would give (exception,
-rank, the text), with ``fields["source"] = "torchelastic_error_file"``. The global rank is
+Every ``agent.error_files_glob`` match not seen before (path, mtime, size) is read once
+into one ``traceback`` record, the kind a rank's log gives (collectors/nccl.py): ``exception``
+the message's first line, the text the traceback, ``fields["source"] =
+"torchelastic_error_file"``. The global rank is
 the job file's rank on this node whose ``gpu`` is the local rank (else the local rank,
 said in ``fields``). A file that is not an error file is a dead letter, counted.
 """
@@ -118,7 +118,6 @@ class ElasticErrorSource(SourceBase):
     def read(self, path: str) -> list[Any]:
         """The records of one error file (a dead letter when it is not one)."""
         from faultlens import schema
-        from faultlens.collectors.nccl import NcclParser
         from faultlens.stream import topics
 
         agent = self.agent
@@ -132,21 +131,15 @@ class ElasticErrorSource(SourceBase):
                                       "not_an_error_file", f"{path}: {exc}"[:300], agent.node, "", 0)]
         local = local_rank_of(path)
         rank = self._global_rank(local)
-        parser = NcclParser(agent.node, job=agent.job)
-        prefix = f"[rank{rank if rank is not None else local}]: " if (rank is not None or local is not None) else ""
-        events: list[Any] = []
-        for line in stack.rstrip("\n").splitlines():
-            events += parser.feed(prefix + line)
-        events += parser.flush()
         fields = {"source": "torchelastic_error_file", "path": path, "local_rank": local,
                   "rank_from": "job file" if rank is not None else "local rank"}
-        stamp = ts if ts is not None else agent.clock()
-        out = [schema.replace(e, ts=stamp, fields={**e.fields, **fields}) for e in events if e.kind == "traceback"]
-        if not out:  # a message without a traceback: one exception record
-            out = [schema.NcclEvent(ts=stamp, node=agent.node, kind="exception", raw=exception, message=exception,
-                                    rank=rank if rank is not None else local, job=agent.job,
-                                    exception=exception, fields=fields)]
-        return out
+        # One record per file, built from the file's own parts: the message names the exception (a gloo
+        # or NCCL error runs over many lines after it, which a line parser would cut into pieces).
+        first = exception.strip().splitlines()[0][:500] if exception.strip() else ""
+        return [schema.NcclEvent(ts=ts if ts is not None else agent.clock(), node=agent.node, kind="traceback",
+                                 raw=stack[:schema.MAX_MESSAGE_BYTES // 4], message=stack[:schema.MAX_MESSAGE_BYTES // 4],
+                                 rank=rank if rank is not None else local, job=agent.job, exception=first or None,
+                                 fields=fields)]
 
     def positions(self) -> dict[str, Any] | None:
         return {"seen": self._seen} if self.pattern else None

@@ -172,6 +172,23 @@ def test_real_error_file_reads_as_the_failing_ranks_traceback(tmp_path: Path) ->
     assert len(agent.emitted) == 1  # read once
 
 
+def test_a_many_line_gloo_error_is_one_record(tmp_path: Path) -> None:
+    """Rank 0's error when its peer died (the message as torchrun_childfailed.log shows it): one record."""
+    log = (REAL / "torchrun_childfailed.log").read_text()
+    msg = log[log.index("RuntimeError: Got the following error"):].split("\n\n\n")[0].replace("[rank0]: ", "")
+    path = _tree_with_error_file(tmp_path, 0)
+    path.write_text(json.dumps({"message": {"message": msg, "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 139, in main\n" + msg,
+        "timestamp": "1795878682"}}}))
+    agent = Services(AgentConfig(error_files_glob=str(path)))
+    src = ElasticErrorSource(agent, {})
+    src.start({})
+    src.poll(time.monotonic())
+    (rec,) = agent.emitted
+    assert rec.rank == 0 and rec.fields["rank_from"] == "local rank"
+    assert rec.exception.startswith("RuntimeError: Got the following error") and "Connection closed by peer" in rec.exception
+
+
 def test_a_file_that_is_no_error_file_is_a_dead_letter(tmp_path: Path) -> None:
     path = _tree_with_error_file(tmp_path, 0)
     path.write_text("{not json")
