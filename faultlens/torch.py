@@ -289,7 +289,7 @@ def lightning_callback(monitor: TrainingMonitor | None = None, **kwargs: Any) ->
     try:  # lazy, optional: Lightning only where the job uses it
         from lightning.pytorch import Callback
     except ImportError:
-        from pytorch_lightning import Callback
+        from pytorch_lightning import Callback  # type: ignore[assignment]  # the older package name, same class
     mon = monitor or TrainingMonitor(**kwargs)
 
     class FaultlensCallback(Callback):  # type: ignore[misc, valid-type]
