@@ -12,7 +12,7 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 # nothing in pyproject.toml can silence it, so the install steps filter that one message.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: demo test check chromium slurm bench lint typecheck floors clean FORCE
+.PHONY: demo test check chromium slurm bench lint typecheck floors clean realjob FORCE
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,13 @@ $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
 	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[all]'
 	touch $@
 
+# torch first, pinned, so the [torch] extra below is already met: where pip's find-links hold
+# the CPU wheel (this project's machines: /opt/wheels) it takes that one (~190 MB, ~30 s); a
+# plain `torch` requirement resolved on PyPI alone takes the 5.5 GB CUDA build. Point
+# TORCH_SPEC at another wheel or index, or TORCH_SPEC=none to skip it.
+TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	@if [ "$(TORCH_SPEC)" != none ]; then $(PY) -m pip install $(PIP_FLAGS) $(TORCH_SPEC); fi
 	$(QUIET_EDITABLE) $(PY) -m pip install $(PIP_FLAGS) -e '.[test]'
 	touch $@ $(VENV)/.installed-demo
 
@@ -82,6 +88,12 @@ FORCE:
 # Static checks first (seconds), then the suite.
 test: chromium slurm lint typecheck floors
 	$(PY) -m pytest -q
+
+# A real PyTorch job (DDP over gloo, virtual nodes, real faults) through the whole pipeline.
+# REALJOB=--quick (8 ranks, five faults) or REALJOB= (every fault); root (PID namespaces).
+REALJOB ?= --smoke
+realjob: $(VENV)/.installed-test
+	$(PY) benchmarks/realjob.py $(REALJOB) --workdir realjob-run
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/faultlens bench --quick

@@ -70,11 +70,18 @@ class LakeConfig:
 class AgentConfig:
     node: str = ""  # empty: this host's name
     job: str = ""
-    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs")
+    sources: tuple[str, ...] = ("nvml", "kernel", "nccl", "steps", "stacks", "jobs", "elastic", "flight_recorder")
     nvml_interval_s: float = 1.0
     kernel_follow: str = "auto"  # auto | kmsg | journal | file path
     nccl_glob: str = ""
     steps_glob: str = ""
+    # torchrun's per-rank error files (TORCHELASTIC_ERROR_FILE, written by @record), e.g.
+    # "/var/log/train/**/error.json" under torchrun's --log-dir: the failing rank's traceback.
+    error_files_glob: str = ""
+    # Flight Recorder dumps the ranks write on their own (faultlens.torch's stall watchdog, NCCL's dump
+    # on timeout), e.g. "/tmp/nccl_trace_rank_*" (TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank): shipped as
+    # they appear, not only when diagnosis asks (dump_stacks).
+    flight_recorder_glob: str = ""
     # The job's topology as the launcher writes it (job.json, DESIGN.md's batch format): the
     # ``jobs`` source publishes it at start, on change, and again after a broker loss.
     job_file: str = ""

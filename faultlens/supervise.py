@@ -44,8 +44,9 @@ class Supervisor:
         self.env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
         self.children: list[Child] = []
 
-    def start(self, name: str, *args: str) -> Child:
-        argv = [sys.executable, "-m", "faultlens.cli", *args]
+    def start(self, name: str, *args: str, wrap: tuple[str, ...] = ()) -> Child:
+        """``faultlens *args`` as a child; ``wrap`` goes before it (``unshare --pid ...``: a virtual node)."""
+        argv = [*wrap, sys.executable, "-m", "faultlens.cli", *args]
         child = Child(name, argv, self.logdir / f"{name}.log")
         child._log = open(child.log_path, "ab")  # noqa: SIM115 - closed in stop()
         # Its own session (a terminal's Ctrl-C reaches us, and we stop children in order); SIGTERM

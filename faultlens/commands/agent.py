@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kernel log to follow (default: [agent] kernel_follow)")
     parser.add_argument("--nccl-glob", metavar="GLOB", help="NCCL / torch.distributed log files to follow")
     parser.add_argument("--steps-glob", metavar="GLOB", help="StepReporter JSON lines or framework step logs to follow")
+    parser.add_argument("--error-files-glob", metavar="GLOB",
+                        help="torchrun error files (TORCHELASTIC_ERROR_FILE under its --log-dir, e.g. '/var/log/train/**/error.json')")
+    parser.add_argument("--flight-recorder-glob", metavar="GLOB",
+                        help="Flight Recorder dumps the ranks write themselves (e.g. '/tmp/nccl_trace_rank_*'), shipped as they appear")
     parser.add_argument("--job-file", metavar="PATH", help="the job's topology (job.json) to publish on the jobs topic")
     parser.add_argument("--no-nvml", action="store_true", help="do not run the NVML source")
     parser.add_argument("--spool-dir", metavar="DIR", help="on-disk spool for broker outages (default: [agent] spool_dir)")
@@ -48,7 +52,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     changes: dict[str, Any] = {}
     for arg, key in (("spool_dir", "spool_dir"), ("metrics_port", "metrics_port"), ("job", "job"), ("node", "node"),
-                     ("job_file", "job_file")):
+                     ("job_file", "job_file"), ("error_files_glob", "error_files_glob"),
+                     ("flight_recorder_glob", "flight_recorder_glob")):
         if getattr(args, arg, None) is not None:
             changes[key] = getattr(args, arg)
     sources = config.agent.sources
