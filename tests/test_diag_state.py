@@ -166,3 +166,20 @@ def test_a_checkpoint_written_before_the_workflows_split_restores() -> None:
     repeat = engine.observe(fleetgen.ib_down("j0000n02", t0 + 60))
     assert [(o.type, o.nodes) for o in repeat if type(o).KIND == "actions"] == [("evict_nodes", ["j0000n02"])]
     engine.tick(t0 + 120)  # the job's progress, written before it had pause fields, is read on a tick
+
+
+def test_a_checkpoint_naming_classes_where_they_were_before_the_move_restores() -> None:
+    """Checkpoints written before the record schemas left stream/ (and Decision left policy.py) name
+    their classes there: a new build restores them, so an upgrade does not start every job afresh."""
+    from faultlens.diagnosis.decision import Decision
+    from faultlens.diagnosis.online import codec
+    from faultlens.schema import GpuState
+
+    gpu = codec.encode(GpuState(index=3, util=55.0))
+    decision = codec.encode(Decision("notify", ("n1",), "why", 0.5))
+    old_gpu = orjson.loads(orjson.dumps(gpu).replace(b"faultlens.schema:", b"faultlens.stream.schema:"))
+    old_decision = orjson.loads(orjson.dumps(decision).replace(b"faultlens.diagnosis.decision:",
+                                                               b"faultlens.diagnosis.policy:"))
+    assert old_gpu != gpu and old_decision != decision
+    assert codec.decode(old_gpu) == GpuState(index=3, util=55.0)
+    assert codec.decode(old_decision) == Decision("notify", ("n1",), "why", 0.5)

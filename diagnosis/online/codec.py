@@ -56,7 +56,8 @@ from faultlens.errors import FaultlensError
 # until it does.
 MODULES = frozenset({
     "faultlens.config", "faultlens.records", "faultlens.collectors.signatures", "faultlens.vocabulary",
-    "faultlens.decode", "faultlens.schema", "faultlens.stream.topology",
+    "faultlens.decode", "faultlens.gpu_wire", "faultlens.schema", "faultlens.stream.topology",
+    "faultlens.diagnosis.decision",
     "faultlens.diagnosis.bursts", "faultlens.diagnosis.engine", "faultlens.diagnosis.exceptions",
     "faultlens.diagnosis.guard", "faultlens.diagnosis.incidents", "faultlens.diagnosis.inhibit",
     "faultlens.diagnosis.jobwide", "faultlens.diagnosis.modes", "faultlens.diagnosis.nanloss",
@@ -66,6 +67,15 @@ MODULES = frozenset({
     "faultlens.models.failslow", "faultlens.models.peer", "faultlens.models.predictor",
     "faultlens.models.params",
 })
+# Classes that moved to another module since a checkpoint may have been written: an old
+# "module" or "module:Class" -> where it is now, so a new build restores its predecessor's jobs.
+MOVED = {
+    "faultlens.stream.schema": "faultlens.schema",
+    "faultlens.stream.decode": "faultlens.gpu_wire",
+    "faultlens.signatures": "faultlens.collectors.signatures",
+    "faultlens.diagnosis.policy:Decision": "faultlens.diagnosis.decision:Decision",
+    "faultlens.diagnosis.policy:Hold": "faultlens.diagnosis.decision:Hold",
+}
 DTYPES = frozenset({"<f8", "<f4", "<i8", "<i4", "|b1", "|u1", "<u8", "<u4"})
 FACTORIES: dict[str, Any] = {"list": list, "set": set, "dict": dict, "int": int, "float": float}
 _INT64 = 1 << 63
@@ -103,6 +113,10 @@ def _lookup(name: Any) -> type:
     if not isinstance(name, str) or ":" not in name:
         raise CodecError(f"not a class name: {name!r}")
     module, _, qualname = name.partition(":")
+    if name in MOVED:
+        module, _, qualname = MOVED[name].partition(":")
+    elif module in MOVED:
+        module = MOVED[module]
     if module not in MODULES:
         raise CodecError(f"class {name!r} is not one a checkpoint may hold")
     mod = sys.modules.get(module)
