@@ -38,7 +38,8 @@ from pathlib import Path
 
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config, GuardConfig
-from faultlens.datasets.scenario import Scenario, scenario_for, write_batch_dir
+from faultlens.datasets.scenario import Scenario, scenario_for
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.datasets.suite import suite_specs
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.engine import default_detectors

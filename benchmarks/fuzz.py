@@ -123,7 +123,8 @@ def cli_checks(n_lines: int, seed: int, work: Path) -> dict:
 
 
 def _base_dir(root: Path) -> Path:
-    from faultlens.datasets.scenario import scenario_for, write_batch_dir
+    from faultlens.datasets.scenario import scenario_for
+    from faultlens.datasets.scenario_files import write_batch_dir
 
     return write_batch_dir(scenario_for("gpu_lost", nodes=2, duration_s=120.0, seed=3), root / "base")
 

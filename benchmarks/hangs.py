@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from faultlens.collectors.batch import read_batch_dir  # noqa: E402
 from faultlens.config import Config  # noqa: E402
 from faultlens.datasets.cluster import ClusterSpec  # noqa: E402
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir  # noqa: E402
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec  # noqa: E402
+from faultlens.datasets.scenario_files import write_batch_dir  # noqa: E402
 from faultlens.diagnosis.batch import diagnose_records  # noqa: E402
 from tests.hangcases import cases as handwritten_cases  # noqa: E402
 from tests.hangcases import write_case  # noqa: E402

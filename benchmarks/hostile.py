@@ -56,7 +56,8 @@ def peak_rss_mb() -> float:
 def _base_records(seed: int) -> dict[str, list]:
     """Records of a simulated job by kind (what producers would send)."""
     from faultlens.collectors.batch import read_batch_dir
-    from faultlens.datasets.scenario import scenario_for, write_batch_dir
+    from faultlens.datasets.scenario import scenario_for
+    from faultlens.datasets.scenario_files import write_batch_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         d = write_batch_dir(scenario_for("gpu_lost", nodes=4, duration_s=300.0, seed=seed), Path(tmp) / "run")
@@ -150,7 +151,8 @@ def stream_part(n: int, bad: float, seed: int, work: Path) -> dict:
     from faultlens.config import BusConfig, Config, LakeConfig
     from faultlens.stream.bus import ensure_topics
     from faultlens.stream.bus.embedded_broker import EmbeddedBroker
-    from faultlens.stream.processor import StreamProcessor, lake_row_counts
+    from faultlens.stream.catalog import lake_row_counts
+    from faultlens.stream.processor import StreamProcessor
 
     logging.basicConfig(level=logging.ERROR)
     with EmbeddedBroker() as broker:
@@ -197,7 +199,8 @@ def _big_line(path: Path, mb: int, head: bytes) -> None:
 
 
 def build_hostile_dir(root: Path, big_mb: int, seed: int) -> Path:
-    from faultlens.datasets.scenario import scenario_for, write_batch_dir
+    from faultlens.datasets.scenario import scenario_for
+    from faultlens.datasets.scenario_files import write_batch_dir
     from tests.fuzzgen import mutated_lines, to_bytes
 
     d = write_batch_dir(scenario_for("gpu_lost", nodes=4, duration_s=600.0, seed=seed), root / "run")

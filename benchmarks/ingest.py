@@ -47,7 +47,9 @@ from faultlens.config import BusConfig, Config, LakeConfig
 from faultlens.stream import topics
 from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.bus.embedded_broker import EmbeddedBroker
-from faultlens.stream.processor import CHECK_CRCS, StreamProcessor, lake_row_counts
+from faultlens.stream.catalog import lake_row_counts
+from faultlens.stream.processor import StreamProcessor
+from faultlens.stream.processor_runtime import CHECK_CRCS
 
 GPUS_PER_NODE = 8
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from faultlens.datasets.cluster import ClusterSpec
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 
 
 def _size(d: Path) -> tuple[int, int]:

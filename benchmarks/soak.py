@@ -251,7 +251,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     from faultlens.commands.demo import demo_key, service_env
     from faultlens.config import load_config
     from faultlens.datasets.live import demo_segments
-    from faultlens.datasets.scenario import LiveWriter
+    from faultlens.datasets.scenario_files import LiveWriter
     from faultlens.stream.bus import ensure_topics
     from faultlens.stream.bus.embedded_broker import EmbeddedBroker
 

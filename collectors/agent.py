@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from faultlens import schema
+from faultlens.collectors.delivery import Delivery
 from faultlens.collectors.follow import RECORD_QUIET_S
 from faultlens.collectors.signatures import is_ordinary
 from faultlens.collectors.sources import Source, log_parsers, source_factory
-from faultlens.collectors.spool import Delivery, Entry, Spool
+from faultlens.collectors.spool import Entry, Spool
 from faultlens.config import Config
 from faultlens.decode import encode_wire, time_bounds
 from faultlens.errors import BusError

@@ -35,7 +35,8 @@ from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import BusConfig, Config, DiagnosisConfig
 from faultlens.datasets.cluster import ClusterSpec
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.diagnosis.adaptation import shape_from_finding, speeds_from_finding
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors

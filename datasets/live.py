@@ -28,7 +28,8 @@ from faultlens.collectors.agent import Agent
 from faultlens.config import Config
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.nvml_sim import SimClock, SimulatedNvml
-from faultlens.datasets.scenario import FaultSpec, LiveWriter, Scenario, ScenarioSpec
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import LiveWriter
 from faultlens.schema import JobTopology, StackDump
 from faultlens.stream.bus import Producer
 

@@ -24,7 +24,8 @@ import orjson
 
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import FAULTS, SCENARIO_KINDS
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.datasets.steptime import CostModel
 from faultlens.datasets.workload import WorkloadSpec
 from faultlens.vocabulary import FaultKind

@@ -284,3 +284,12 @@ def open_lake(lake_path: str | os.PathLike[str]) -> Any:
     db = _duckdb().connect(":memory:")
     create_views(db, lake_path)
     return db
+
+
+def lake_row_counts(lake_path: str | Path) -> dict[str, int]:
+    """Rows per lake table, read through DuckDB (for tools and tests)."""
+    db = open_lake(lake_path)
+    try:
+        return {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in LAKE_TABLES}
+    finally:
+        db.close()

@@ -1,70 +1,26 @@
 """The stream processor: Kafka topics -> Parquet lake, every row exactly once.
 
-One ``StreamProcessor`` is one member of a consumer group over the telemetry
-topics (and incidents, actions, action-status, commands, so the explorer finds
-them in the lake). Instances of one group split the partitions.
-
-Exactly once, without Kafka transactions:
-
-1. Messages are decoded to Arrow as they arrive and buffered per topic
-   partition, remembering the first and last offset of each buffer.
-2. A flush (every ``flush_interval_s`` or ``flush_rows`` rows) writes each
-   buffer's tables as files named ``<kind>-p<partition>-o<first>-<last>-<commit>``
-   (temporary file, fsync, rename), then the commit's manifest rows: first a
-   Parquet file in ``<lake>/_manifest/`` (atomic: the commit point), then the
-   catalog DuckDB file. A file is part of the lake once the manifest names it.
-3. When partitions are assigned (start, rebalance, reconnect) the processor
-   syncs the catalog from the lake's manifest, deletes every file of those
-   partitions that no manifest names (what a crash left between 2's writes),
-   and seeks each partition to its last committed offset + 1.
-
-A partition buffer that reaches ``write_ahead_rows`` (flush_rows / 8 by default)
-has its files written before the flush, by the writer pool (``write_threads``),
-so that writing overlaps polling (in a backlog the last commit otherwise wrote
-everything after polling ended); the flush's manifest names them with the rest.
-Until then they are uncommitted files like any other. A commit waits for every
-range of its buffers (written ahead or not) before it writes its manifest.
-
-A crash at any instant thus leaves either a committed range (kept, skipped on
-restart) or uncommitted files (deleted, re-read on restart).
-
-Records sent twice (an agent resends what a broker lost, stream/dedupe.py) are
-dropped on arrival when their natural key (node, agent epoch, seq: the
-``faultlens-seq`` header) was taken before; what was taken is committed with the
-lake (``_seq/s-<commit>.json`` before the manifest) and read back on assignment,
-so a kill -9 of the processor keeps it exact.
-
-Undecodable messages become ``DeadLetter`` rows in the lake's ``deadletter``
-table (exactly once, like any row) and are sent to the deadletter topic
-(at least once: a crash after the send and before the commit sends again).
-
-Why not stream/bus/consume_loop.py's ``ConsumeLoop`` (the loop of every other service):
-that loop's commit point is a Kafka offset commit after each batch's effects,
-on the polling thread. Here the commit point is the lake's manifest, offsets
-live there (not in Kafka), partitions are placed by a seek on assignment, and
-the write of one buffer overlaps the polling and decoding of the next (one
-commit thread). On the loop, every batch would wait for its Parquet write and a
-synchronous Kafka commit, and each record would become a ``bus.Message`` first;
-the ingest rate is bounded by the polling thread already (benchmarks/ingest.py),
-so both cost throughput directly. What the two share (decode -> dead letter,
-the content-type header, shutdown by ``stop()``) is in stream/decode_arrow.py
-and stream/bus/lake_fetchers.py.
+One ``StreamProcessor`` is one member of a consumer group over the telemetry topics
+(and incidents, actions, action-status, commands, so the explorer finds them in the
+lake); instances of one group split the partitions. Exactly once without Kafka
+transactions: buffers are written as files named by their offset range, and a commit's
+manifest in the lake (not a Kafka offset commit) makes them part of it; on assignment the
+files no manifest names are deleted and each partition is sought to its last committed
+offset + 1. Records an agent sent twice are dropped by their natural key
+(stream/dedupe.py), undecodable ones become dead-letter rows. stream/README.md, "Exactly
+once (design)", says how each step keeps that, and why this is not stream/bus/'s
+``ConsumeLoop``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-import re
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -78,6 +34,8 @@ from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.bus.lake_fetchers import Fetcher, Key, choose_backend, open_fetcher
 from faultlens.stream.dedupe import SeqLedger, parse_seq
 from faultlens.stream.lake import LakeWriter
+from faultlens.stream.processor_ranges import PROCESSOR_FILE, PendingRange, WrittenRange, wait_for
+from faultlens.stream.processor_runtime import CHECK_CRCS, fewer_collections
 from faultlens.stream.processor_stats import ProcessorStats
 
 log = logging.getLogger(__name__)
@@ -88,56 +46,12 @@ CONSUMED_KINDS = (*topics.TELEMETRY, "incidents", "actions", "action-status", "c
 DEADLETTER_PAYLOAD_MAX = decode_arrow.DEADLETTER_PAYLOAD_MAX
 
 
-def _have_c_crc32c() -> bool:
-    try:
-        import crc32c  # noqa: F401 - kafka-python uses it when present
-    except ImportError:
-        return False
-    return True
-
-
-# kafka-python checks record-batch CRC32C in pure Python unless the `crc32c`
-# package is installed: ~1 ms per 4 KB message, 20x the rest of the work. Without
-# it we leave the check to TCP and the broker (documented in stream/README.md).
-CHECK_CRCS = _have_c_crc32c()
-
 # Messages per poll. The flush rules (rows, age) are checked after each poll: a poll of
 # 50,000 messages (400,000 GPU rows) overshot the 200,000-row flush twice over before
 # the commit thread got any work; with 10,000 a backlog's commits start on time and
 # overlap the polling of the next messages.
 POLL_MAX_RECORDS = 10_000
 
-# CPython's first garbage-collector generation is collected every 700 tracked allocations
-# by default; a poll of 10,000 records (a headers list and tuple each, at least) survives
-# several of those, and every ten of them may end in a full collection of the whole heap
-# (~80 ms under load, twice in a 30,000-message backlog: benchmarks/ingest.py). While a
-# processor runs, the first generation waits for this many allocations instead (the
-# thresholds of the process are restored when the last running processor returns).
-GC_GEN0_THRESHOLD = 50_000
-_gc_lock = threading.Lock()
-_gc_users: list[tuple[int, ...]] = []  # the thresholds before the first running processor changed them
-
-
-@contextlib.contextmanager
-def _fewer_collections() -> Iterator[None]:
-    """Raise the gen-0 threshold for the duration (nested and concurrent runs share one change)."""
-    with _gc_lock:
-        before = gc.get_threshold()
-        _gc_users.append(before)
-        if len(_gc_users) == 1 and before[0] < GC_GEN0_THRESHOLD:
-            gc.set_threshold(GC_GEN0_THRESHOLD, *before[1:])
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            first = _gc_users[0]
-            _gc_users.pop()
-            if not _gc_users:
-                gc.set_threshold(*first)
-
-
-# <kind>-p<partition>-o<first>-<last>-<commit>[-h<hour>].parquet
-PROCESSOR_FILE = re.compile(r"^(?P<kind>[a-z_-]+?)-p(?P<partition>\d+)-o(?P<first>\d+)-(?P<last>\d+)-(?P<commit>[0-9a-f]+)(?:-h\d+)?\.parquet$")
 
 
 # --------------------------------------------------------------------------- decoding
@@ -147,35 +61,6 @@ Decoded = decode_arrow.Decoded
 
 
 # --------------------------------------------------------------------------- the processor
-
-
-def wait_for(fut: Future[Any]) -> None:
-    """Wait for a future without raising (its error surfaces where its result is used)."""
-    fut.exception()
-
-
-@dataclass
-class _Pending:
-    kind: str
-    first: int
-    last: int
-    decoding: list[Future[Decoded]] = field(default_factory=list)
-    messages: int = 0
-    chunk_first: int = -1  # first offset of ``decoding`` (ranges before it are in ``ahead``)
-    rows_est: int = 0  # rows in ``decoding``, estimated
-    ahead: list[Future[_Written]] = field(default_factory=list)  # ranges written ahead (writer pool), not yet committed
-    seqs: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)  # natural keys taken (stream/dedupe.py)
-
-
-@dataclass
-class _Written:
-    """Files of one offset range, written but named by no manifest yet (the commit names them)."""
-
-    manifest: list[dict[str, Any]]
-    rows: Counter[str]
-    dead: Counter[str]
-    quarantine: list[schema.Quarantine]
-    unknown: Counter[str]
 
 
 class StreamProcessor:
@@ -233,7 +118,7 @@ class StreamProcessor:
         # assignment, like any. 0: write at the commit only.
         self.write_ahead_rows = max(self.flush_rows // 8, 1) if write_ahead_rows is None else write_ahead_rows
         self.max_decoding_messages = max_decoding_messages
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending: dict[tuple[str, int], PendingRange] = {}
         self._pending_rows = 0
         self._stop = threading.Event()
         # Decoding is msgspec + numpy, mostly holding the GIL: on the poll thread by default
@@ -311,7 +196,7 @@ class StreamProcessor:
         poll_timeout_ms: int = 200,
     ) -> ProcessorStats:
         """Consume until ``stop()``, or idle for ``exit_when_idle_s`` after the first assignment."""
-        with _fewer_collections():
+        with fewer_collections():
             return self._run(exit_when_idle_s, max_runtime_s, on_progress, poll_timeout_ms)
 
     def _run(self, exit_when_idle_s: float | None, max_runtime_s: float | None,
@@ -413,7 +298,7 @@ class StreamProcessor:
             self.stats.first_message_at = time.monotonic()
         p = self._pending.get((topic, partition))
         if p is None:
-            p = self._pending[(topic, partition)] = _Pending(kind, first_offset, last_offset)
+            p = self._pending[(topic, partition)] = PendingRange(kind, first_offset, last_offset)
             p.chunk_first = p.first
         p.last = last_offset
         p.seqs.extend(taken)
@@ -491,7 +376,7 @@ class StreamProcessor:
             running.result()  # re-raises a failed commit
         self._check_fatal()
 
-    def _commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
+    def _commit(self, pending: dict[tuple[str, int], PendingRange], confirm_dead_letters: bool) -> None:
         """On the commit thread: decoded buffers -> lake files (writer pool) -> manifest (the commit point)."""
         if self._fatal is not None:  # never commit a later range after an earlier one failed
             raise LakeError(f"an earlier commit failed: {self._fatal}")
@@ -502,7 +387,7 @@ class StreamProcessor:
             raise
 
     def _write_ahead(self, topic: str, partition: int, kind: str, first: int, last: int,
-                     futs: list[Future[Decoded]]) -> _Written:
+                     futs: list[Future[Decoded]]) -> WrittenRange:
         """In the writer pool: one partition's range, written before its commit (see ``write_ahead_rows``)."""
         if self._fatal is not None:  # the commit that would name these files never comes
             raise LakeError(f"an earlier write failed: {self._fatal}")
@@ -513,10 +398,10 @@ class StreamProcessor:
             raise
 
     def _write_range(self, topic: str, partition: int, kind: str, first: int, last: int,
-                     futs: list[Future[Decoded]]) -> _Written:
+                     futs: list[Future[Decoded]]) -> WrittenRange:
         """The files of one partition's offset range, and the manifest rows that will name them."""
         stem = f"{kind}-p{partition}-o{first}-{last}-{time.time_ns():x}{uuid.uuid4().hex[:8]}"
-        out = _Written([], Counter(), Counter(), [], Counter())
+        out = WrittenRange([], Counter(), Counter(), [], Counter())
         parts: dict[str, list[pa.Table]] = {}
         dead_letters: list[schema.DeadLetter] = []
         for fut in futs:
@@ -552,13 +437,13 @@ class StreamProcessor:
             out.manifest.append({**base, "lake_table": None, "file": None, "rows": 0})
         return out
 
-    def _write_commit(self, pending: dict[tuple[str, int], _Pending], confirm_dead_letters: bool) -> None:
+    def _write_commit(self, pending: dict[tuple[str, int], PendingRange], confirm_dead_letters: bool) -> None:
         commit_id = f"{time.time_ns():x}{uuid.uuid4().hex[:8]}"
         manifest: list[dict[str, Any]] = []
         rows: Counter[str] = Counter()
         dead: Counter[str] = Counter()
         decoded_reports: list[tuple[str, list[schema.Quarantine], Counter[str]]] = []
-        ranges: list[tuple[str, Future[_Written]]] = []
+        ranges: list[tuple[str, Future[WrittenRange]]] = []
         for (topic, partition), p in pending.items():
             ranges.extend((p.kind, f) for f in p.ahead)
             if p.decoding:  # the rest of the partition's buffer, beside the other partitions'
@@ -702,13 +587,4 @@ class StreamProcessor:
             log.debug("lag update failed: %s", exc)
 
 
-def lake_row_counts(lake_path: str | Path) -> dict[str, int]:
-    """Rows per lake table, read through DuckDB (for tools and tests)."""
-    db = catalog_mod.open_lake(lake_path)
-    try:
-        return {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in catalog_mod.LAKE_TABLES}
-    finally:
-        db.close()
-
-
-__all__ = ["StreamProcessor", "ProcessorStats", "decode_batch", "CONSUMED_KINDS", "lake_row_counts"]
+__all__ = ["StreamProcessor", "ProcessorStats", "decode_batch", "CONSUMED_KINDS"]

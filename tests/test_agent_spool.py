@@ -16,7 +16,8 @@ import pytest
 
 from faultlens import schema
 from faultlens.collectors.agent import Agent
-from faultlens.collectors.spool import Delivery, Spool
+from faultlens.collectors.delivery import Delivery
+from faultlens.collectors.spool import Spool
 from faultlens.config import AgentConfig, BusConfig, Config
 from faultlens.errors import BusError
 from faultlens.stream.bus import Consumer

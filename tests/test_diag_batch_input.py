@@ -12,7 +12,8 @@ from faultlens import decode, schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.datasets.cluster import ClusterSpec
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.rules import CounterRules
 from faultlens.errors import SchemaError

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from faultlens.cli import main
 from faultlens.collectors.batch import read_batch_dir
-from faultlens.datasets.scenario import scenario_for, write_batch_dir
+from faultlens.datasets.scenario import scenario_for
+from faultlens.datasets.scenario_files import write_batch_dir
 from tests.fuzzgen import mutate, mutated_lines, seed_lines, to_bytes
 
 EXAMPLES = int(os.environ.get("FAULTLENS_FUZZ_EXAMPLES", "100"))

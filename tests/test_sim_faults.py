@@ -10,7 +10,8 @@ import pytest
 
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import FAULTS
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 
 WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d+, OpType=(\w+)")
 TRACEBACK = re.compile(r"^\[rank\d+\]: Traceback \(most recent call last\):", re.M)

@@ -14,13 +14,8 @@ from faultlens.cli import main
 from faultlens.collectors.nvml_backend import NvmlBackend
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.nvml_sim import SimulatedNvml
-from faultlens.datasets.scenario import (
-    FaultSpec,
-    LiveWriter,
-    Scenario,
-    ScenarioSpec,
-    write_batch_dir,
-)
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import LiveWriter, write_batch_dir
 from faultlens.datasets.suite import long_run_spec, write_suite
 from faultlens.stream.topology import Topology
 

@@ -14,7 +14,8 @@ import pytest
 from faultlens import decode, schema
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.datasets.cluster import ClusterSpec
-from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec, write_batch_dir
+from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.errors import SchemaError
 from faultlens.records import LastKnown
 from faultlens.stream import decode_arrow

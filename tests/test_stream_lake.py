@@ -223,16 +223,17 @@ def test_running_processors_share_one_gc_threshold_change_and_give_it_back() -> 
     """The processor's fewer collections (issue 27.4) must not outlive it, nested or concurrent."""
     import gc
 
-    from faultlens.stream import processor
+    from faultlens.stream import processor_runtime
+
 
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
-        with processor._fewer_collections():
-            assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD
-            with processor._fewer_collections():
-                assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD
-            assert gc.get_threshold()[0] == processor.GC_GEN0_THRESHOLD  # the outer run still goes on
+        with processor_runtime.fewer_collections():
+            assert gc.get_threshold()[0] == processor_runtime.GC_GEN0_THRESHOLD
+            with processor_runtime.fewer_collections():
+                assert gc.get_threshold()[0] == processor_runtime.GC_GEN0_THRESHOLD
+            assert gc.get_threshold()[0] == processor_runtime.GC_GEN0_THRESHOLD  # the outer run still goes on
         assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*before)

@@ -67,7 +67,7 @@ from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
 from faultlens.stream.bus.consume_loop import ConsumeLoop, close_quietly
 from faultlens.stream.bus.librdkafka_consumer import consumer_backend, group_consumer
 from faultlens.stream.bus.librdkafka_producer import make_producer
-from faultlens.stream.bus.replay_log import RebalanceListener, partitions_of, topic_partitions
+from faultlens.stream.bus.replay_log import QueuedRebalance, topic_partitions
 from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, seal
 
 log = logging.getLogger(__name__)
@@ -84,27 +84,6 @@ class _FleetView:
     def job_of_node(self, node: str) -> str:
         r = self._service.repartitioner
         return r.job_of_node(node) if r is not None else "unknown"
-
-
-def _listener(service: DiagnosisService) -> Any:
-    """A rebalance listener that only queues what happened.
-
-    kafka-python 3 calls listeners on its IO loop (the one that heartbeats), so
-    they must not block; the service's own thread restores and lets go at the
-    top of its next round, before it applies any record of those partitions.
-    ``released`` (membership.MemberConsumer only): given up while still held, so
-    the jobs are checkpointed before they go; ``revoked``: already gone, write nothing."""
-    class _Rebalance(RebalanceListener):
-        def on_partitions_revoked(self, revoked: Any) -> None:
-            service._events.put(("revoke", partitions_of(revoked, service.rep_topic)))
-
-        def on_partitions_assigned(self, assigned: Any) -> None:
-            service._events.put(("assign", partitions_of(assigned, service.rep_topic)))
-
-        def on_partitions_released(self, released: Any) -> None:
-            service._events.put(("release", partitions_of(released, service.rep_topic)))
-
-    return _Rebalance()
 
 
 class DiagnosisService:
@@ -598,13 +577,13 @@ class DiagnosisService:
         self._restorer = self._restorer or BackgroundRestorer(lambda: ChangelogReader(self.config, self.bootstrap, self.keyring),
                                                               eager=True)
         if membership_mode(d.membership, self.bootstrap or bus.bootstrap_servers) == "members":
-            return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=_listener(self),
+            return MemberConsumer(bus, kinds, group_id=gid, bootstrap=self.bootstrap, listener=QueuedRebalance(self._events, self.rep_topic),
                                   member_id=d.instance_id or default_member_id(), restore_kinds=[REPARTITION],
                                   heartbeat_s=d.member_heartbeat_s, keyring=self.keyring,
                                   timeout_s=d.member_timeout_s, fetch_max_wait_ms=self.poll_timeout_ms,
                                   backend=consumer_backend(d.consumer, bus, self.bootstrap))
         return group_consumer(bus, kinds, backend=d.consumer, group_id=gid, bootstrap=self.bootstrap,
-                              listener=_listener(self), instance_id=d.instance_id,
+                              listener=QueuedRebalance(self._events, self.rep_topic), instance_id=d.instance_id,
                               fetch_max_wait_ms=self.poll_timeout_ms)  # a Xid must not wait out Kafka's 500 ms
 
     def start(self) -> DiagnosisService:

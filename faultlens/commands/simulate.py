@@ -27,13 +27,8 @@ from faultlens.datasets.campaign_run import error_sweep, run_campaign
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import SCENARIO_KINDS
 from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_segments
-from faultlens.datasets.scenario import (
-    DEFAULT_START_TS,
-    FaultSpec,
-    Scenario,
-    ScenarioSpec,
-    write_batch_dir,
-)
+from faultlens.datasets.scenario import DEFAULT_START_TS, FaultSpec, Scenario, ScenarioSpec
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.datasets.suite import long_run_spec, write_suite
 from faultlens.errors import ConfigError
 from faultlens.stream.bus import ensure_topics

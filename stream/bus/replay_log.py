@@ -19,7 +19,7 @@ from faultlens.config import BusConfig
 from faultlens.errors import BusError
 from faultlens.stream.bus import client_kwargs
 
-__all__ = ["RebalanceListener", "ReplayLog", "partitions_of", "topic_partitions"]
+__all__ = ["QueuedRebalance", "ReplayLog", "partitions_of", "topic_partitions"]
 
 
 def topic_partitions(topic: str, partitions: Iterable[int]) -> list[Any]:
@@ -32,8 +32,26 @@ def partitions_of(tps: Iterable[Any], topic: str) -> list[int]:
     return [tp.partition for tp in tps if tp.topic == topic]
 
 
-# The group consumer's rebalance callbacks; subclass and override what you need.
-RebalanceListener = ConsumerRebalanceListener
+class QueuedRebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """A rebalance listener that only queues what happened to ``topic``'s partitions, as
+    ``("assign" | "revoke" | "release", [partition, ...])`` on ``events``.
+
+    kafka-python calls listeners on its IO loop (the one that heartbeats), so they must not
+    block: the owner restores and lets go on its own thread, before it applies any record of
+    those partitions. ``release`` (membership's MemberConsumer only): given up while still held,
+    so state can be checkpointed before it goes; ``revoke``: already gone."""
+
+    def __init__(self, events: Any, topic: str):
+        self._events, self._topic = events, topic
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self._events.put(("revoke", partitions_of(revoked, self._topic)))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self._events.put(("assign", partitions_of(assigned, self._topic)))
+
+    def on_partitions_released(self, released: Any) -> None:
+        self._events.put(("release", partitions_of(released, self._topic)))
 
 
 class ReplayLog:
