@@ -215,7 +215,7 @@ class SignalMatcher:
 
 
 class Policy:
-    """Routes an incident to a decision; returns None while the route is still waiting."""
+    """Routes an incident to a decision; returns None while the route is still waiting (a Hold says why)."""
 
     def __init__(self, catalog: PolicyCatalog):
         self.catalog = catalog
@@ -223,7 +223,7 @@ class Policy:
     def route(self, kind: str) -> Route:
         return self.catalog.routes.get(kind) or self.catalog.routes.get("unclassified") or Route(kind, "notify")
 
-    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | None:
+    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | Hold | None:
         route = self.route(inc.kind)
         by_signature = route.action == SIGNATURE
         if by_signature:
