@@ -162,8 +162,9 @@ class BatchInput:
         as they merge, one sample per node in memory. ``stacks=False`` leaves the stack dumps out."""
         lists = (self.gpu, self.kernel, self.nccl, self.steps, self.stacks) if stacks else \
             (self.gpu, self.kernel, self.nccl, self.steps)
-        streams: list[Any] = [lst if _is_sorted(lst) else sorted(lst, key=_ts) for lst in lists if lst]
-        streams += [f.samples() for f in self.gpu_files if f.count]
+        # the GPU files where ``gpu`` would be: records of one time keep the order of the held read
+        streams: list[Any] = [f.samples() for f in self.gpu_files if f.count]
+        streams += [lst if _is_sorted(lst) else sorted(lst, key=_ts) for lst in lists if lst]
         yield from heapq.merge(*streams, key=_ts)
 
     def __len__(self) -> int:
