@@ -151,10 +151,18 @@ def _batch(path: Path, out: Path, config: Config, detectors: list[Any], health_p
         t1 = time.perf_counter()
         health = NodeHealth(health_path) if health_path else None
         diagnosing = bar.add_task("diagnosing", total=n_records)
-        # streamed: the NVML samples are read again as they merge, never all held (benchmarks/batch_scale.py)
-        incidents, actions = diagnose_records(data.job, data.records(stacks=False), config, detectors=detectors,
-                                              node_health=health, stacks=data.stacks,
-                                              progress=lambda n: bar.update(diagnosing, completed=n))
+        # streamed: the NVML samples are read again as they merge, never all held (benchmarks/batch_scale.py);
+        # the cyclic collector is off meanwhile: each streamed sample is garbage at once (reference counting frees
+        # it) and the collector would only rescan the engine's state again and again
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            incidents, actions = diagnose_records(data.job, data.records(stacks=False), config, detectors=detectors,
+                                                  node_health=health, stacks=data.stacks,
+                                                  progress=lambda n: bar.update(diagnosing, completed=n))
+        finally:
+            if collecting:
+                gc.enable()
         bar.update(diagnosing, completed=n_records)
         t2 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
