@@ -71,7 +71,13 @@ from typing import Any
 import orjson
 
 from faultlens import decode, flightrec, schema
-from faultlens.collectors.batch_clocks import NodeClock, anchor_kernel, anchor_nccl, node_clock
+from faultlens.collectors.batch_clocks import (
+    BOOT_RELATIVE_RE,
+    NodeClock,
+    anchor_kernel,
+    anchor_nccl,
+    node_clock,
+)
 from faultlens.collectors.sources import log_parser
 from faultlens.collectors.unparsed import (
     LONG_LINE,
@@ -117,15 +123,40 @@ class BatchInput:
     clocks: dict[str, NodeClock] = field(default_factory=dict)
     # every line or file that gave no record, with its reason (collectors/unparsed.py; ``errors`` has them as text)
     unparsed: UnparsedLog = field(default_factory=UnparsedLog)
+    # read_batch_dir(stream_gpu=True): each node's gpu.jsonl, read again record by record by ``records()``
+    # instead of held in ``gpu`` (the NVML samples are most of a big job's input)
+    gpu_files: list[GpuFile] = field(default_factory=list)
 
-    def records(self) -> Iterator[Any]:
-        """Every record, merged in timestamp order (stable within a source)."""
-        streams = [lst if _is_sorted(lst) else sorted(lst, key=_ts)
-                   for lst in (self.gpu, self.kernel, self.nccl, self.steps, self.stacks) if lst]
+    def records(self, *, stacks: bool = True) -> Iterator[Any]:
+        """Every record, merged in timestamp order (stable within a source); streamed GPU files are read
+        as they merge, one sample per node in memory. ``stacks=False`` leaves the stack dumps out."""
+        lists = (self.gpu, self.kernel, self.nccl, self.steps, self.stacks) if stacks else \
+            (self.gpu, self.kernel, self.nccl, self.steps)
+        # the GPU files where ``gpu`` would be: records of one time keep the order of the held read
+        streams: list[Any] = [f.samples() for f in self.gpu_files if f.count]
+        streams += [lst if _is_sorted(lst) else sorted(lst, key=_ts) for lst in lists if lst]
         yield from heapq.merge(*streams, key=_ts)
 
     def __len__(self) -> int:
-        return len(self.gpu) + len(self.kernel) + len(self.nccl) + len(self.steps) + len(self.stacks)
+        return (len(self.gpu) + sum(f.count for f in self.gpu_files) + len(self.kernel) + len(self.nccl)
+                + len(self.steps) + len(self.stacks))
+
+
+@dataclass
+class GpuFile:
+    """One node's gpu.jsonl, read once to count it (errors, quarantine, its times) and again when merged."""
+
+    path: Path
+    count: int
+    ordered: bool
+
+    def samples(self) -> Iterator[GpuSample]:
+        """Its samples again, in time order; the lines refused the first time are skipped silently."""
+        bad = _Bad([], UnparsedLog())
+        if not self.ordered:
+            yield from sorted(_json_lines(self.path, "gpu", bad), key=_ts)
+            return
+        yield from _iter_json_lines(self.path, "gpu", bad)
 
 
 def _is_sorted(lst: list[Any]) -> bool:
@@ -166,7 +197,11 @@ def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None =
 
     Lines it refuses go to ``bad``; fields it nulled (N/A, a bad value) to ``quarantine``.
     """
-    out = []
+    return list(_iter_json_lines(path, kind, bad, quarantine))
+
+
+def _iter_json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None = None) -> Iterator[Any]:
+    """_json_lines one record at a time."""
     try:
         with open(path, "rb") as fh:
             for no, line in enumerate(read_byte_lines(fh), 1):
@@ -177,16 +212,17 @@ def _json_lines(path: Path, kind: str, bad: _Bad, quarantine: list[str] | None =
                     continue
                 issues: list[decode.FieldIssue] = []
                 try:
-                    out.append(decode.decode(kind, line, issues=issues, bounds=decode.RECORDED_TIME))
+                    rec = decode.decode(kind, line, issues=issues, bounds=decode.RECORDED_TIME)
                 except SchemaError as exc:
                     bad(path, no, f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason, line, str(exc))
                 except Exception as exc:  # noqa: BLE001 - the decoder must not stop the directory
                     bad(path, no, reason_of(exc), line)
+                else:
+                    yield rec
                 if issues and quarantine is not None:
                     quarantine.extend(f"{path}:{no}: {i.field}: {i.reason}: {i.value}" for i in issues if i.reason != decode.UNKNOWN_FIELD)
     except OSError as exc:
         bad(path, None, f"read failed ({exc.strerror or type(exc).__name__})")
-    return out
 
 
 def _text_lines(path: Path, bad: _Bad) -> list[str]:
@@ -232,24 +268,27 @@ def fallback_job(steps: list[StepTiming], nodes: list[str], *, default: str) -> 
                                      "dp": max(1, len(ranks)), "cp": 1, "order": "tp-cp-dp-pp", "ranks": ranks})
 
 
-def read_batch_dir(path: str | Path, *, year: int | None = None, progress: Progress | None = None) -> BatchInput:
+def read_batch_dir(path: str | Path, *, year: int | None = None, progress: Progress | None = None,
+                   stream_gpu: bool = False) -> BatchInput:
     """Parse a batch directory (see DESIGN.md) into time-ordered records on the job's clock.
 
     ``year``: the year of year-less log times (default: from the node's records, see the module doc).
-    ``progress(phase, done, total)`` is called as files are read.
+    ``progress(phase, done, total)`` is called as files are read. ``stream_gpu``: the NVML samples are
+    not kept (``gpu`` stays empty): ``records()`` reads each node's gpu.jsonl again as it merges, so a
+    big job's post-mortem holds one sample per node instead of all of them (``gpu_files``).
     """
     # Millions of new objects and no reference cycles: the cyclic collector would only rescan
     # the growing heap again and again (a third of the reading time on a 1,024-GPU hour).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _read_batch_dir(Path(path), year, progress)
+        return _read_batch_dir(Path(path), year, progress, stream_gpu)
     finally:
         if collecting:
             gc.enable()
 
 
-def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> BatchInput:
+def _read_batch_dir(root: Path, year: int | None, progress: Progress | None, stream_gpu: bool = False) -> BatchInput:
     errors: list[str] = []
     log = UnparsedLog()
     bad = _Bad(errors, log)
@@ -284,14 +323,23 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
 
     # 1. Absolute times first: NVML samples and step timings.
     gpu_by_node: dict[str, list[GpuSample]] = {}
+    gpu_meta: dict[str, tuple[float, float, dict[str, int]]] = {}  # streamed: node -> first, last ts, PCI -> GPU
     for nd in nodes:
         g = nd / "gpu.jsonl"
         if os.path.lexists(g) and _readable(g, bad):
             samples = _json_lines(g, "gpu", bad, out.quarantine)
-            if not _is_sorted(samples):
+            ordered = _is_sorted(samples)
+            if not ordered:
                 samples.sort(key=_ts)
-            gpu_by_node[nd.name] = samples
-            out.gpu.extend(samples)
+            if stream_gpu:
+                out.gpu_files.append(GpuFile(g, len(samples), ordered))
+                if samples:
+                    gpu_meta[nd.name] = (samples[0].ts, samples[-1].ts,
+                                         {s.pci_bus: s.index for s in samples[0].gpus if s.pci_bus})
+                del samples
+            else:
+                gpu_by_node[nd.name] = samples
+                out.gpu.extend(samples)
         tick("gpu")
     for f in step_files:
         out.steps.extend(_json_lines(f, "steps", bad, out.quarantine))
@@ -310,6 +358,8 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
     for node, samples in gpu_by_node.items():
         if samples:
             first_ts[node], last_ts[node] = samples[0].ts, samples[-1].ts
+    for node, (first, last, _) in gpu_meta.items():
+        first_ts[node], last_ts[node] = first, last
     last_step_ts: dict[str, float] = {}
     for s in out.steps:  # time-ordered: the first seen is the earliest
         first_ts.setdefault(s.node, s.ts)
@@ -324,6 +374,8 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         node = nd.name
         samples = gpu_by_node.get(node, [])
         gpu_map = {s.pci_bus: s.index for s in samples[0].gpus if s.pci_bus} if samples else None
+        if node in gpu_meta:
+            gpu_map = gpu_meta[node][2]
         k = nd / "kernel.log"
         has_kernel = os.path.lexists(k) and _readable(k, bad)
         log_files = ([k] if has_kernel else []) + sorted(
@@ -340,7 +392,12 @@ def _read_batch_dir(root: Path, year: int | None, progress: Progress | None) -> 
         out.nccl.extend(node_nccl)
         if has_kernel:
             kp = log_parser("kernel").make(node, year=clock.year, gpu_map=gpu_map)
-            recs = list(guarded_parse(kp, _text_lines(k, bad), str(k), log, errors))
+            klines = _text_lines(k, bad)
+            if node in gpu_meta and any(BOOT_RELATIVE_RE.match(x) for x in klines):
+                # boot-relative times: the node's samples anchor them (a GPU event NVML saw too), read again
+                samples = _json_lines(nd / "gpu.jsonl", "gpu", _Bad([], UnparsedLog()))
+                samples.sort(key=_ts)
+            recs = list(guarded_parse(kp, klines, str(k), log, errors))
             out.kernel.extend(_guarded_anchor(anchor_kernel, (recs, clock, samples, node_nccl), recs, k, bad))
         tick("logs")
     out.kernel.sort(key=_ts)

@@ -30,6 +30,7 @@ from faultlens.collectors.kernel_text import (  # noqa: F401  (normalize_pci, pa
     DUMP_CONT_FIRST,
     DUMP_CONT_RE,
     HOST_KERNEL_RE,
+    HOST_PROGRAM_PID_RE,
     ISO_RE,
     KMSG_RE,
     LAUNCHER_RE,
@@ -98,6 +99,7 @@ class _Head:
     relative: bool = False
     continuation: bool = False
     repeated: int = 0
+    program: str | None = None  # the syslog/journal tag of a line another program wrote (sshd, systemd...)
 
 
 @dataclass(slots=True)
@@ -183,6 +185,8 @@ class KernelParser(FastPathParser):
                 h = self._prefix(m.group(5)) if m.group(4) != "kernel" else _Head(_strip_bracket(m.group(5)), ts)
                 h.ts = ts if ts is not None else h.ts
                 h.host, h.level, h.rank = m.group(3), _KMSG_LEVELS.get((to_int(m.group(1)) or 0) & 7), rank
+                if m.group(4) != "kernel":
+                    h.program = m.group(4)
                 return h
             m = PRI_RE.match(line)
             if m:  # dmesg -r / forwarded syslog: <PRI> then the usual line
@@ -230,11 +234,13 @@ class KernelParser(FastPathParser):
                     ts = None
                 rest = m.group(4)
                 hk = HOST_KERNEL_RE.match(rest) if "kernel:" in rest[:80] else None
-                host = None
+                host = program = None
                 if hk:
                     host, rest = hk.group(1), hk.group(2)
+                elif (hp := HOST_PROGRAM_PID_RE.match(rest)) is not None:  # journalctl -o short-iso: host prog[pid]: msg
+                    host, program, rest = hp.group(1), hp.group(2), hp.group(3)
                 rest = _strip_bracket(rest)
-                return _Head(rest, ts=ts, rank=rank, host=host)
+                return _Head(rest, ts=ts, rank=rank, host=host, program=program)
         if c0.islower() and line[1:7].find(":") >= 0:
             m = DECODE_RE.match(line)
             if m and m.group(1) in _FACILITIES:
@@ -256,7 +262,7 @@ class KernelParser(FastPathParser):
             return _Head(_strip_bracket(m.group(2)), ts=None, rank=rank, host=m.group(1))
         m = SYSLOG_ANY_RE.match(line) if line[:1].isalpha() else None
         if m:
-            return _Head(m.group(8), ts=self._syslog_ts(m), rank=rank, host=m.group(6))
+            return _Head(m.group(8), ts=self._syslog_ts(m), rank=rank, host=m.group(6), program=m.group(7))
         return _Head(line, None, rank)
 
     def _syslog_ts(self, m: re.Match[str], year: int | None = None) -> float | None:
@@ -461,6 +467,8 @@ class KernelParser(FastPathParser):
         pci = None
         if head.host:
             fields["host"] = head.host
+        if head.program:
+            fields["program"] = head.program
         if head.level:
             fields["level"] = head.level
         if head.repeated:
@@ -485,6 +493,7 @@ class KernelParser(FastPathParser):
                 if r:
                     fields["recovery_from"] = r.group(2)
                     fields["recovery_action"] = r.group(4)
+                    fields["recovery_code"] = int(r.group(3), 16)
         elif kind == "sxid" and m is not None:
             fields["sxid"] = to_int(m.group("sxid"))
             sw = _pci_id(m.group("pci"), fields)

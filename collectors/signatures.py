@@ -28,6 +28,7 @@ classification are the single place every reader of a line goes through.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 import tomllib
@@ -158,6 +159,9 @@ class Catalogs:
     ordinary: dict[str, frozenset[str]] = field(default_factory=dict)  # family -> kinds that are everyday noise
     files: tuple[str, ...] = ()
     nvsmi: tuple[Rule, ...] = ()
+    # kernel.toml [programs] ours: fnmatch patterns of the syslog/journal programs whose lines are judged as
+    # kernel lines (GPU, fabric, storage, kernel, training); another program's line is kind "foreign"
+    ours: tuple[str, ...] = ("*",)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -259,8 +263,14 @@ def load_xid(path: Path) -> tuple[dict[int, XidEntry], dict[str, Any]]:
         if key not in ctx:
             raise CatalogError(f"[context] lacks `{key}`", file=str(path), entry="context")
     for name, val in ctx.get("recovery_actions", {}).items():
-        if not (isinstance(val, list) and len(val) == 2 and val[0] in LINE_ACTIONS and val[1] in SEVERITIES):
-            raise CatalogError("recovery action must be [action, severity]", file=str(path), entry=f"context.recovery_actions.{name}")
+        if not (isinstance(val, list) and len(val) in (2, 3) and val[0] in LINE_ACTIONS and val[1] in SEVERITIES
+                and (len(val) == 2 or (isinstance(val[2], (int, float)) and 0 <= val[2] <= 1))):
+            raise CatalogError("recovery action must be [action, severity] or [action, severity, confidence]",
+                               file=str(path), entry=f"context.recovery_actions.{name}")
+    for code, name in ctx.get("recovery_codes", {}).items():
+        if not code.isdigit() or name not in ctx.get("recovery_actions", {}):
+            raise CatalogError("recovery code must be a number naming a [context.recovery_actions] entry",
+                               file=str(path), entry=f"context.recovery_codes.{code}")
     return out, ctx
 
 
@@ -271,6 +281,19 @@ def _ordinary_kinds(path: Path) -> frozenset[str]:
     return frozenset(kinds)
 
 
+def _our_programs(path: Path) -> tuple[str, ...]:
+    ours = _read(path).get("programs", {}).get("ours", ["*"])
+    if not isinstance(ours, list) or not all(isinstance(k, str) and k for k in ours):
+        raise CatalogError("`ours` must be a list of program name patterns", file=str(path), entry="programs")
+    return tuple(x.lower() for x in ours)
+
+
+@lru_cache(maxsize=4096)
+def _is_ours(program: str, ours: tuple[str, ...]) -> bool:
+    name = program.split("(", 1)[0].lower()  # "sshd(pam_unix)" is sshd's PAM module
+    return any(fnmatch.fnmatchcase(name, pat) for pat in ours)
+
+
 def load_catalogs(directory: Path | None = None) -> Catalogs:
     """Load and validate every signature catalog (fails naming file and entry)."""
     d = directory or CATALOGS
@@ -279,7 +302,8 @@ def load_catalogs(directory: Path | None = None) -> Catalogs:
     return Catalogs(xid, load_rules(d / "kernel.toml", "kernel"), load_rules(d / "nccl.toml", "nccl"), ctx,
                     load_rules(d / "sxid.toml", "sxid"),
                     {"kernel": _ordinary_kinds(d / "kernel.toml"), "nccl": _ordinary_kinds(d / "nccl.toml")},
-                    tuple(str(d / f) for f in files), load_rules(d / "nvsmi.toml", "nvsmi"))
+                    tuple(str(d / f) for f in files), load_rules(d / "nvsmi.toml", "nvsmi"),
+                    _our_programs(d / "kernel.toml"))
 
 
 @lru_cache(maxsize=1)
@@ -418,14 +442,17 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
             root = (rc, prior if prior is not None else (re_.result if re_ is not None else _unknown_xid(rc)))
         else:
             root = next(((x, pc) for (t, x, _, pc) in reversed(recent) if x not in derived and abs(rec.ts - t) <= window), None)
-        wanted = str(rec.fields.get("recovery_action") or "")
-        mapped = cx.get("recovery_actions", {}).get(wanted) if code == 154 else None
+        wanted, mapped = recovery_of(rec.fields.get("recovery_action"), rec.fields.get("recovery_code"), cx) \
+            if code == 154 else ("", None)
         if mapped:  # the driver states what it needs: that is the action, the root gives the category
             category = root[1].category if root is not None and root[1].category not in ("none", "unknown") else "gpu_hardware"
-            c = _with(c, action=mapped[0], severity=mapped[1], category=category if mapped[0] != "none" else "none",
+            acts = mapped[0] != "none"
+            c = _with(c, action=mapped[0], severity=mapped[1], category=category if acts else "none",
                       rule=f"xid.154.{mapped[0]}", companion=True,
-                      meaning=f"The driver now requires: {wanted}. Follow it"
-                              + (f" (Xid {root[0]} before this line is the cause)." if root else "."))
+                      fault="driver_recovery" if acts else c.fault,
+                      confidence=float(mapped[2]) if len(mapped) > 2 else c.confidence,
+                      meaning=f"The driver now requires: {wanted}. Follow it (NVIDIA's own verdict for this GPU)"
+                              + (f"; Xid {root[0]} before this line is the cause." if root else "."))
         elif root is not None and named is not None and not seen_root:
             # the line names its root but the root was not seen here (another log, rotated away):
             # nothing else speaks for it, so this line carries the root's whole verdict
@@ -445,6 +472,21 @@ def _classify_xid(rec: KernelEvent, cats: Catalogs, ctx: ClassifyContext | None)
     if ctx is not None:
         recent.append((rec.ts, code, rec.pid, c))
     return c
+
+
+def recovery_of(wording: Any, code: Any, context: dict[str, Any] | None = None) -> tuple[str, list[Any] | None]:
+    """The driver's stated GPU recovery (Xid 154's wording, or its code: the line's hex value, NVML's GPU
+    recovery action field) -> (its name, [line action, severity, confidence?] from xid.toml), or ("", None)."""
+    cx = context if context is not None else catalogs().context
+    actions = cx.get("recovery_actions", {})
+    name = str(wording or "").strip()
+    if name not in actions and code is not None:
+        try:
+            name = str(cx.get("recovery_codes", {}).get(str(int(code)), name))
+        except (TypeError, ValueError):
+            pass
+    mapped = actions.get(name)
+    return (name, mapped) if mapped else ("", None)
 
 
 def _apply_repeat(rule: Rule, rec: Any, ctx: ClassifyContext | None) -> Classification:
@@ -472,7 +514,11 @@ def classify(record: object, context: ClassifyContext | None = None) -> Classifi
             return _classify_xid(record, cats, context)
         text = record.message or record.raw
         rules = cats.sxid if record.kind == "sxid" else cats.kernel
-        r = first_rule(rules, record.kind, text)
+        kind = record.kind
+        program = record.fields.get("program") if kind == "other" else None
+        if program and not _is_ours(str(program), cats.ours):
+            kind = "foreign"  # another program's line (sshd, cron, ftpd...): info unless a rule of kind foreign says more
+        r = first_rule(rules, kind, text)
         return UNRECOGNISED if r is None else _apply_repeat(r, record, context)
     if isinstance(record, NcclEvent):
         r = first_rule(cats.nccl, record.kind, record.message or record.raw)
@@ -530,7 +576,7 @@ def to_finding(record: object, context: ClassifyContext | None = None) -> Findin
         if v is not None:
             figures[name] = v
     fields = getattr(record, "fields", None) or {}
-    for name in ("sxid", "process", "recovery_action", "peer", "device_pci", "repeated"):
+    for name in ("sxid", "process", "recovery_action", "recovery_code", "peer", "device_pci", "repeated"):
         if name in fields:
             figures[name] = fields[name]
     text = getattr(record, "raw", None) or getattr(record, "text", "") or ""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from faultlens.datasets.fault_app_xid import AppXid
 from faultlens.datasets.fault_base import Fault
+from faultlens.datasets.fault_driver_recovery import DriverRecovery
 from faultlens.datasets.fault_ecc_uncorrectable import EccUncorrectable
 from faultlens.datasets.fault_gpu_lost import GpuLost
 from faultlens.datasets.fault_hang_stuck_rank import HangStuckRank
@@ -24,7 +26,7 @@ FAULTS: dict[str, type[Fault]] = {
     for cls in (
         GpuLost, EccUncorrectable, RowRemapFailure, NvlinkError, IbLinkPersistent, IbFlapTransient,
         PcieDegradation, ThermalThrottle, HostOom, HungTask, UserException, NanLoss, HangStuckRank,
-        SlowStorage, SeqSurge,
+        SlowStorage, SeqSurge, DriverRecovery, AppXid,
     )
 }
 # "healthy" is a scenario without faults, not a fault kind.

@@ -12,10 +12,15 @@ import re
 
 from faultlens.schema import NcclEvent
 
-# Exceptions that say the infrastructure failed, not the user's code: never rolled back.
+# Exceptions that say the infrastructure failed, not the user's code: never rolled back. A CUDA error that
+# names the GPU (uncorrectable ECC, "unknown error" (cudaErrorUnknown, 999: what a rank sees when its GPU
+# fails under it), devices unavailable) is the machine's; the application's own CUDA errors (an illegal
+# memory access / instruction, a misaligned address, an unspecified launch failure, a device-side assert:
+# NVIDIA's Xid 13/31/43 are these seen from the driver) are the code's and stay user exceptions.
 INFRA_EXCEPTION_RE = re.compile(
     r"NCCL|DistBackendError|ProcessGroup|Watchdog|ncclRemoteError|ncclSystemError|ncclInternalError|"
-    r"CUDA error: (?:an illegal|unspecified launch|uncorrectable ECC|ECC)|uncorrectable ECC|Xid|"
+    r"CUDA error: (?:uncorrectable ECC|ECC|unknown error|all CUDA-capable devices are busy|"
+    r"CUDA-capable device\(s\) is/are busy)|uncorrectable ECC|Xid|"
     r"Connection (?:reset|refused|closed)|Broken pipe|BrokenPipeError|TCPStore|SIGKILL|Signals?\.SIGKILL|"
     r"ChildFailedError|timed out|timeout|"
     # torchrun's elastic agent stopped by its scheduler: the launcher's signal, not the training code

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultlens.diagnosis.decision import Decision
+from faultlens.diagnosis.decision import Decision, Hold
 from faultlens.diagnosis.incidents import OpenIncident, Signal
 from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
 from faultlens.diagnosis.rules import CATALOGS, load_toml
@@ -60,6 +60,9 @@ class SignalRule:
     record_kind: tuple[str, ...] = ()
     finding_kind: tuple[str, ...] = ()
     pattern: re.Pattern[str] | None = None
+    # a finding's own per-line action and rule become the incident's (as a log line's do): its action below
+    # the eviction floor is stop-time checks, not notify (NVML's GPU recovery action field)
+    line_action: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class PolicyCatalog:
     steps: dict[str, float] = field(default_factory=dict)
     jobwide: list[JobWideRule] = field(default_factory=list)
     nan_patterns: re.Pattern[str] | None = None  # log lines that say a rank's loss/gradients went bad
+    # [recovery]: an incident an Xid of after_xids opened waits wait_s for the driver's stated recovery (Xid 154)
+    recovery_wait_s: float = 0.0
+    recovery_after_xids: frozenset[int] = frozenset()
 
 
 def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None = None,
@@ -132,7 +138,12 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
             nan_patterns = re.compile("|".join(f"(?:{p})" for p in data["nan"]["patterns"]), re.IGNORECASE)
         except re.error as exc:
             raise CatalogError(str(exc), file=str(path), entry="nan.patterns") from None
-    return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns)
+    rec = data.get("recovery", {})
+    try:
+        wait_s, after = float(rec.get("wait_s", 0.0)), frozenset(int(x) for x in rec.get("after_xids", ()))
+    except (TypeError, ValueError) as exc:
+        raise CatalogError(str(exc), file=str(path), entry="recovery") from None
+    return PolicyCatalog(signals, routes, dict(data.get("steps", {})), jobwide, nan_patterns, wait_s, after)
 
 
 # Per-line actions that say: act on this machine (an eviction below its confidence becomes stop-time checks).
@@ -197,12 +208,14 @@ class SignalMatcher:
                 confidence=finding.confidence if rule.confidence < 0 else rule.confidence,
                 rule=finding.rule, source=finding.source, text=finding.text, node=finding.node, rank=finding.rank,
                 gpu=finding.gpu, category=finding.category, severity=finding.severity, figures=dict(finding.figures),
+                action=finding.action if rule.line_action else None,
+                signature=finding.rule if rule.line_action else None,
             )
         return None
 
 
 class Policy:
-    """Routes an incident to a decision; returns None while the route is still waiting."""
+    """Routes an incident to a decision; returns None while the route is still waiting (a Hold says why)."""
 
     def __init__(self, catalog: PolicyCatalog):
         self.catalog = catalog
@@ -210,7 +223,7 @@ class Policy:
     def route(self, kind: str) -> Route:
         return self.catalog.routes.get(kind) or self.catalog.routes.get("unclassified") or Route(kind, "notify")
 
-    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | None:
+    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | Hold | None:
         route = self.route(inc.kind)
         by_signature = route.action == SIGNATURE
         if by_signature:
@@ -232,6 +245,8 @@ class Policy:
                             f"{', '.join(top_nodes)}", conf)
         if route.action == "evict_nodes":
             if conf < route.min_confidence and top_nodes and inc.state.line_action in _MACHINE_LINE_ACTIONS:
+                if self._awaits_recovery(inc, now):
+                    return Hold(f"waiting {self.catalog.recovery_wait_s:.0f} s for the driver's stated recovery (Xid 154)")
                 # One verdict: the line's catalog entry says act on this machine; below the confidence to
                 # evict, the machine is drained for stop-time checks (what explain's reset_gpu means here).
                 return Decision("run_diagnostics", top_nodes, f"{inc.kind} below the confidence to evict "
@@ -253,6 +268,16 @@ class Policy:
         if by_signature:
             reason += f" (signature {inc.state.signature} says {inc.state.line_action})"
         return Decision(route.action, top_nodes, reason, conf)
+
+    def _awaits_recovery(self, inc: OpenIncident, now: float) -> bool:
+        """An Xid the driver follows with its stated recovery (Xid 154 within the second: 109, 119, 120, 62...)
+        opened this incident: the 154 decides it (a reboot evicts, a reset drains for checks), so the
+        weaker decision waits ``[recovery] wait_s`` for it instead of going first."""
+        sig = inc.state.signature or ""
+        if not sig.startswith("xid.") or now - inc.opened_ts >= self.catalog.recovery_wait_s:
+            return False
+        code = sig.split(".")[1]
+        return code.isdigit() and int(code) in self.catalog.recovery_after_xids
 
     @staticmethod
     def _signature_route(inc: OpenIncident, route: Route) -> Route:

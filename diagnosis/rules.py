@@ -31,7 +31,7 @@ CATALOGS = Path(__file__).resolve().parent / "catalogs"
 SEVERITIES = values(Severity)
 LINE_ACTIONS = values(LineAction)
 CATEGORIES = values(Category)
-TESTS = ("increase", "flag", "rate", "bits")
+TESTS = ("increase", "flag", "rate", "bits", "equals")
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -63,6 +63,8 @@ class CounterRule:
     # For the flag rule on ``lost``: a GPU missing from this many of its node's samples in a
     # row counts as lost (nvidia-smi and dcgm-exporter leave out a GPU NVML cannot reach).
     vanished_samples: int = 0
+    # For the equals test: the field's values that fire (NVML's GPU recovery action codes).
+    values: tuple[int, ...] = ()
 
 
 def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
@@ -74,7 +76,7 @@ def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
     for i, entry in enumerate(data.get("rule", [])):
         name = str(entry.get("name", f"#{i}"))
         try:
-            rule = CounterRule(**entry)
+            rule = CounterRule(**{**entry, **({"values": tuple(entry["values"])} if "values" in entry else {})})
         except TypeError as exc:
             raise CatalogError(str(exc), file=str(path), entry=name) from None
         problems = []
@@ -90,6 +92,8 @@ def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
             problems.append(f"category {rule.category!r}")
         if rule.test == "bits" and not rule.mask:
             problems.append("bits test needs a mask")
+        if rule.test == "equals" and not (rule.values and all(isinstance(v, int) for v in rule.values)):
+            problems.append("equals test needs integer values")
         if not 0.0 <= rule.confidence <= 1.0:
             problems.append("confidence outside [0, 1]")
         if problems:
@@ -475,8 +479,8 @@ class CounterRules:
             if delta >= rule.threshold:
                 return {rule.field: value, "delta": delta}, {"delta": delta, "value": value}
             return None
-        if rule.test == "flag":
-            firing = bool(value)
+        if rule.test in ("flag", "equals"):
+            firing = value in rule.values if rule.test == "equals" else bool(value)
             was = rule.name in mem.active
             mem.active.discard(rule.name)
             if firing:

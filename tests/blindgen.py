@@ -30,6 +30,9 @@ KINDS = (
     "healthy", "xid79", "xid48_watchdog", "xid94", "xid95", "xid64_remap", "xid_user", "xid74_nvlink",
     "ib_flap", "ib_down", "thermal", "slow_gpu", "hang", "user_exception", "nan_loss", "oom_killer",
     "storage_stall", "pcie_aer_fatal", "sxid_fatal", "ckpt_pause",
+    # issue 36: the driver's stated recovery (Xid 154 after 109/119/120/79), application Xids with
+    # their tracebacks (Xid 43 alone too), one rank's "CUDA error: unknown error" on a failing GPU
+    "xid154_recovery", "xid_app_traceback", "cuda_unknown_failing_gpu",
 )
 
 # PCI buses as nvidia-smi prints them on real boards (DGX A100, HGX H100, 4-GPU servers).
@@ -86,6 +89,11 @@ NOISE_PROGRAMS = (
     ("ntpd[1403]", "0.0.0.0 c618 08 no_sys_peer"),
     ("nvidia-persistenced[1822]", "Started (1822)"),
     ("sshd[40121]", "Accepted publickey for slurm from 10.0.0.2 port 51234 ssh2: ED25519 SHA256:Qm3dXc"),
+    # verbatim from LogHub's Linux sample (logpai/loghub Linux/Linux_2k.log): other daemons' failures
+    ("sshd(pam_unix)[20882]", "authentication failure; logname= uid=0 euid=0 tty=NODEVssh ruser= rhost=220-135-151-1.hinet-ip.hinet.net  user=root"),
+    ("klogind[19272]", "Authentication failed from 163.27.187.39 (163.27.187.39): Permission denied in replay cache code "),
+    ("klogind[19274]", "Kerberos authentication failed "),
+    ("logrotate", "ALERT exited abnormally with [1]"),
 )
 NCCL_CHATTER = (
     "NCCL INFO Bootstrap : Using eth0:10.10.6.118<0>",
@@ -674,6 +682,70 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
         w.kernel[node].append((ft + 0.002, f"nvidia-nvswitch{sw}: SXid (PCI:0000:c3:00.0): 20034, Data {{0x10000000, 0x10000000, 0x00000000, 0x10000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}}"))
         w.watchdogs(ft + 600, others, 8000 + fault_step)
         sc.truth = T(culprits=one, any_of=evict_or_diag, text=f"evict {node} (NVSwitch fatal)")
+    elif kind == "xid154_recovery":
+        # NVIDIA's stated recovery for the GPU (Xid 154, R570+ drivers; NVML's GPU recovery action field too) right
+        # after the Xid that caused it. The GPU stays in the NVML samples: only the driver's word says "reboot".
+        w.stop_step = fault_step
+        root, root_text = rng.choice((
+            (109, "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005"),
+            (119, "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20803039 0x8)."),
+            (120, "GSP task timeout @ pc:0x4bd7364, task: 1"),
+            (62, "323f0f30 0000c3d8 00000000 206dae68 206da022 206da190 206d85f6 206d8d86")))
+        code, wording = rng.choice(((2, "Node Reboot Required"), (4, "Drain and Reset"), (1, "GPU Reset Required")))
+        w.kernel[node].append((ft, w.xid(g, root, root_text, w.pid[rank], "pt_main_thread")))
+        w.kernel[node].append((ft + 0.3, w.xid(g, 154, f"GPU recovery action changed from 0x0 (None) to 0x{code:x} ({wording})")))
+        if rng.random() < 0.5:
+            w.kernel[node].append((ft + 1.2, w.xid(g, 45, "Ch 00000008", w.pid[rank], "pt_main_thread")))
+        if rng.random() < 0.5:  # an agent that reads NVML's field writes it into the sample
+            w.gpu_mod(lambda n, i, ts, st: st.update(recovery_action=code) if n == node and i == g and ts > ft else None)
+        w.watchdogs(ft + 600, others, 9500 + fault_step)
+        if code == 1:
+            sc.truth = T(culprits=one, any_of=(("run_diagnostics", one),), forbid=("rollback_code",),
+                         text=f"reset + diag {node} (Xid {root} then 154 GPU Reset Required)")
+        else:
+            sc.truth = T(culprits=one, any_of=(("evict_nodes", one),),
+                         text=f"evict {node} (Xid {root} then 154 {wording})")
+    elif kind == "xid_app_traceback":
+        # Application Xids (13, 31, 43; 45 as their cleanup) with the ranks' CUDA errors: the code, never the
+        # machine. Xid 43 alone (a channel reset after the user's kernel faulted) is the usual sight.
+        w.stop_step = fault_step
+        codes = rng.choice(((43,), (43, 45), (13, 43), (31, 45)))
+        msg = {13: "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter",
+               31: "Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_3 faulted @ 0x7f1c_d8000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+               43: "Ch 00000008", 45: "Ch 00000010"}
+        hit = [node] if rng.random() < 0.5 else nodes
+        for hn in hit:
+            hi = nodes.index(hn)
+            for gg in range(sc.gpn):
+                r = hi * sc.gpn + gg
+                for k, c in enumerate(codes):
+                    w.kernel[hn].append((ft + gg * 0.01 + k * 0.4, w.xid(gg, c, msg[c], w.pid[r], "pt_main_thread")))
+        err = rng.choice(("RuntimeError: CUDA error: an illegal memory access was encountered",
+                          "RuntimeError: CUDA error: misaligned address",
+                          "RuntimeError: CUDA error: an illegal instruction was encountered",
+                          "RuntimeError: CUDA error: unspecified launch failure"))
+        ranks = [r for r in range(w.n_ranks) if w.node_of(r) in hit]
+        w.traceback(ranks if w.hard else ranks[:: sc.gpn], [err, "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+                                                           "For debugging consider passing CUDA_LAUNCH_BLOCKING=1"])
+        sc.truth = T(culprits=(), job_level=True, any_of=(("rollback_code", None), ("restart_job", None)),
+                     forbid=("evict_nodes",), text=f"rollback / restart (Xid {'/'.join(map(str, codes))} + {err.split(': ')[-1]})")
+    elif kind == "cuda_unknown_failing_gpu":
+        # One rank dies with "CUDA error: unknown error" while its GPU is failing: the machine, not the code.
+        w.stop_step = fault_step
+        evidence = rng.choice(("xid79", "dbe", "xid119"))
+        if evidence == "xid79":
+            w.kernel[node].append((ft, w.xid(g, 79, "GPU has fallen off the bus.")))
+            w.gpu_mod(lambda n, i, ts, st: st.update(_gone=True) if n == node and i == g and ts > ft else None)
+        elif evidence == "dbe":
+            w.gpu_mod(lambda n, i, ts, st: st.update(ecc_dbe=2, remap_pending=1) if n == node and i == g and ts > ft - 5 else None)
+        else:
+            w.kernel[node].append((ft, w.xid(g, 119, "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20803039 0x8).", w.pid[rank], "pt_main_thread")))
+        w.traceback([rank], ["RuntimeError: CUDA error: unknown error",
+                             "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+                             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1"])
+        w.watchdogs(ft + 600, others, 9700 + fault_step)
+        sc.truth = T(culprits=one, any_of=evict_or_diag, forbid=("rollback_code",),
+                     text=f"evict / diag {node} (unknown error + {evidence})")
     else:
         raise ValueError(f"unknown kind {kind}")
     if w.hard and len(nodes) > 1:

@@ -41,6 +41,9 @@ FOOTPRINT = {
     "hang_stuck_rank": dict(watchdog=True, stop=True, stacks=True),
     "slow_storage": dict(kernel=r"nfs: server \S+ not responding", kernel_all=True, everyone_slower=True, stacks=True),
     "seq_surge": dict(surge=True),
+    "driver_recovery": dict(kernel=r"\): 154, GPU recovery action changed from 0x0 \(None\) to 0x2 \(Node Reboot Required\)",
+                            gpu="recovery_action", watchdog=True, stop=True),
+    "app_xid": dict(kernel=r"\): 43, pid=\d+", kernel_all=True, watchdog=False, stop=True, traceback_all=True),
 }
 
 
