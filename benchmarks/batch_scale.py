@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from faultlens.datasets.scenario import scenario_for, write_batch_dir  # noqa: E402
+from faultlens.datasets.scenario import scenario_for  # noqa: E402
+from faultlens.datasets.scenario_files import write_batch_dir  # noqa: E402
 
 GPUS_PER_NODE = 8
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
-from faultlens.datasets.scenario import scenario_for, write_batch_dir
+from faultlens.datasets.scenario import scenario_for
+from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 
 
