@@ -223,7 +223,8 @@ class Policy:
     def route(self, kind: str) -> Route:
         return self.catalog.routes.get(kind) or self.catalog.routes.get("unclassified") or Route(kind, "notify")
 
-    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None) -> Decision | Hold | None:
+    def decide(self, inc: OpenIncident, now: float, *, world_size: int | None = None,
+               final: bool = False) -> Decision | Hold | None:
         route = self.route(inc.kind)
         by_signature = route.action == SIGNATURE
         if by_signature:
@@ -245,7 +246,7 @@ class Policy:
                             f"{', '.join(top_nodes)}", conf)
         if route.action == "evict_nodes":
             if conf < route.min_confidence and top_nodes and inc.state.line_action in _MACHINE_LINE_ACTIONS:
-                if self._awaits_recovery(inc, now):
+                if not final and self._awaits_recovery(inc, now):  # the input's end: nothing more will come
                     return Hold(f"waiting {self.catalog.recovery_wait_s:.0f} s for the driver's stated recovery (Xid 154)")
                 # One verdict: the line's catalog entry says act on this machine; below the confidence to
                 # evict, the machine is drained for stop-time checks (what explain's reset_gpu means here).

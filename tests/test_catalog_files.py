@@ -53,6 +53,12 @@ def _inhibit() -> Any:
     return load_inhibit_rules()
 
 
+def _pauses() -> Any:
+    from faultlens.diagnosis.pauses import load_pauses
+
+    return load_pauses()
+
+
 def _policy() -> Any:
     from faultlens.diagnosis.policy import load_policy
 
@@ -114,6 +120,7 @@ LOADERS: dict[str, Callable[[], Any]] = {
     "diagnosis/catalogs/counters.toml": _counters,
     "diagnosis/catalogs/inhibit.toml": _inhibit,
     "diagnosis/catalogs/policy.toml": _policy,
+    "diagnosis/catalogs/pauses.toml": _pauses,
     "diagnosis/catalogs/frames.toml": _frames,
     "diagnosis/schemas/incident.schema.json": _schema("incidents"),
     "diagnosis/schemas/action.schema.json": _schema("actions"),

@@ -112,7 +112,7 @@ def world_size(desk: Desk, job_name: str) -> int | None:
 
 def route_decision(desk: Desk, inc: OpenIncident) -> Decision | Hold | None:
     """The policy route's decision for the incident (policy.toml ``[route.<kind>]``)."""
-    return desk.policy.decide(inc, desk.state.now, world_size=world_size(desk, inc.job))
+    return desk.policy.decide(inc, desk.state.now, world_size=world_size(desk, inc.job), final=desk.state.final)
 
 
 def carry_out(desk: Desk, inc: OpenIncident, decision: Decision | Hold | None) -> Decision | None:
