@@ -9,11 +9,11 @@ the application's own code.
 
 from __future__ import annotations
 
+from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
 from faultlens.datasets.scenario_files import write_batch_dir
-from faultlens.collectors.batch import read_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
 from faultlens.vocabulary import ActionType
