@@ -23,7 +23,7 @@ from faultlens.datasets.campaign import (
 )
 from faultlens.datasets.campaign_outcomes import classify, draw
 from faultlens.datasets.campaign_render import Decision
-from faultlens.vocabulary import ActionType
+from faultlens.vocabulary import ActionType, FaultKind
 
 A = ActionType
 
@@ -83,9 +83,9 @@ def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attemp
     return tries + human(ctx, f, k)
 
 
-RESOLVE = {"gpu_lost": "resolve_gpu_unavailable_s", "ecc_uncorrectable": "resolve_gpu_memory_s",
-           "row_remap_failure": "resolve_gpu_memory_s", "nvlink_error": "resolve_cuda_s",
-           "ib_link_persistent": "resolve_infiniband_s"}
+RESOLVE = {FaultKind.GPU_LOST: "resolve_gpu_unavailable_s", FaultKind.ECC_UNCORRECTABLE: "resolve_gpu_memory_s",
+           FaultKind.ROW_REMAP_FAILURE: "resolve_gpu_memory_s", FaultKind.NVLINK_ERROR: "resolve_cuda_s",
+           FaultKind.IB_LINK_PERSISTENT: "resolve_infiniband_s"}
 
 
 def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:

@@ -74,8 +74,8 @@ class Cluster:
     def start(self) -> None:
         from faultlens.commands.demo import demo_key, service_env
         from faultlens.config import load_config
-        from faultlens.stream.broker import EmbeddedBroker
         from faultlens.stream.bus import ensure_topics
+        from faultlens.stream.bus.embedded_broker import EmbeddedBroker
         from faultlens.supervise import Supervisor
 
         if self.workdir.exists():
