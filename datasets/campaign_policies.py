@@ -83,7 +83,7 @@ def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attemp
     return tries + human(ctx, f, k)
 
 
-RESOLVE = {FaultKind.GPU_LOST: "resolve_gpu_unavailable_s", FaultKind.ECC_UNCORRECTABLE: "resolve_gpu_memory_s",
+RESOLVE: dict[str, str] = {FaultKind.GPU_LOST: "resolve_gpu_unavailable_s", FaultKind.ECC_UNCORRECTABLE: "resolve_gpu_memory_s",
            FaultKind.ROW_REMAP_FAILURE: "resolve_gpu_memory_s", FaultKind.NVLINK_ERROR: "resolve_cuda_s",
            FaultKind.IB_LINK_PERSISTENT: "resolve_infiniband_s"}
 
