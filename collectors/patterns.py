@@ -11,7 +11,6 @@ at load time naming the file and the entry.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from faultlens.collectors.signatures import (  # noqa: F401  (one catalog folder
     MATCH_LIMIT,
     bounded,
 )
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError
 
 
@@ -78,12 +78,7 @@ class KindTable:
 
 
 def load_kind_table(path: Path) -> KindTable:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise CatalogError("pattern file not found", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"not valid TOML: {exc}", file=str(path)) from None
+    data = read_catalog(path)
     kinds = []
     seen: set[str] = set()
     for i, entry in enumerate(data.get("kind", [])):

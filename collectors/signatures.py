@@ -31,7 +31,6 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-import tomllib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError
 from faultlens.schema import Finding, KernelEvent, NcclEvent, StackDump, StepTiming
 from faultlens.vocabulary import SEVERITY_RANK, Category, LineAction, Severity, values
@@ -164,15 +164,6 @@ class Catalogs:
     ours: tuple[str, ...] = ("*",)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise CatalogError("catalog file not found", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"not valid TOML: {exc}", file=str(path)) from None
-
-
 def _result(entry: dict[str, Any], *, file: str, name: str, rule: str, xid: int | None = None,
             family: str = "") -> Classification:
     for key in ("category", "severity", "action", "meaning"):
@@ -197,7 +188,7 @@ def _result(entry: dict[str, Any], *, file: str, name: str, rule: str, xid: int 
 
 def load_rules(path: Path, family: str | None = None) -> tuple[Rule, ...]:
     """An ordered rule catalog (the ``[[rule]]`` entries of kernel.toml, nccl.toml, sxid.toml)."""
-    data = _read(path)
+    data = read_catalog(path)
     fam = family or path.stem
     rules = []
     seen = set()
@@ -246,7 +237,7 @@ def load_rules(path: Path, family: str | None = None) -> tuple[Rule, ...]:
 
 
 def load_xid(path: Path) -> tuple[dict[int, XidEntry], dict[str, Any]]:
-    data = _read(path)
+    data = read_catalog(path)
     out = {}
     for code_s, entry in data.get("xid", {}).items():
         name = f"xid.{code_s}"
@@ -275,14 +266,14 @@ def load_xid(path: Path) -> tuple[dict[int, XidEntry], dict[str, Any]]:
 
 
 def _ordinary_kinds(path: Path) -> frozenset[str]:
-    kinds = _read(path).get("ordinary", {}).get("kinds", ["other"])
+    kinds = read_catalog(path).get("ordinary", {}).get("kinds", ["other"])
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
         raise CatalogError("`kinds` must be a list of kind names", file=str(path), entry="ordinary")
     return frozenset(kinds)
 
 
 def _our_programs(path: Path) -> tuple[str, ...]:
-    ours = _read(path).get("programs", {}).get("ours", ["*"])
+    ours = read_catalog(path).get("programs", {}).get("ours", ["*"])
     if not isinstance(ours, list) or not all(isinstance(k, str) and k for k in ours):
         raise CatalogError("`ours` must be a list of program name patterns", file=str(path), entry="programs")
     return tuple(x.lower() for x in ours)

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlens import flightrec
-from faultlens.diagnosis.rules import CATALOGS, load_toml
+from faultlens.config import read_catalog
+from faultlens.diagnosis.rules import CATALOGS
 from faultlens.diagnosis.stacks import FRAME_RE, Thread, parse_processes, training_thread
 from faultlens.errors import CatalogError
 from faultlens.stream.topology import DIMS, Topology
@@ -137,7 +138,7 @@ def parse_frames_catalog(data: Mapping[str, Any], source: str = str(FRAMES_CATAL
 def load_frames(path: str | None = None) -> FrameCatalog:
     """The frames catalog (cached; ``path`` for a test's own copy)."""
     p = Path(path) if path else FRAMES_CATALOG
-    return parse_frames_catalog(load_toml(p), str(p))
+    return parse_frames_catalog(read_catalog(p), str(p))
 
 
 # --------------------------------------------------------------------------- one rank

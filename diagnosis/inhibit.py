@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from faultlens.diagnosis.rules import CATALOGS, load_toml
+from faultlens.config import read_catalog
+from faultlens.diagnosis.rules import CATALOGS
 from faultlens.errors import CatalogError
 
 
@@ -37,7 +38,7 @@ class InhibitRule:
 def load_weak_spares(path: Path | None = None) -> frozenset[str]:
     """``[weak] spares``: the target kinds a weak cause (a warning, or one that recovered) does not mute."""
     path = path or CATALOGS / "inhibit.toml"
-    spares = load_toml(path).get("weak", {}).get("spares", [])
+    spares = read_catalog(path).get("weak", {}).get("spares", [])
     if not isinstance(spares, list) or not all(isinstance(k, str) for k in spares):
         raise CatalogError("[weak] spares must be a list of kinds", file=str(path), entry="weak")
     return frozenset(spares)
@@ -46,7 +47,7 @@ def load_weak_spares(path: Path | None = None) -> frozenset[str]:
 def load_inhibit_rules(path: Path | None = None) -> list[InhibitRule]:
     path = path or CATALOGS / "inhibit.toml"
     rules = []
-    for i, entry in enumerate(load_toml(path).get("rule", [])):
+    for i, entry in enumerate(read_catalog(path).get("rule", [])):
         name = str(entry.get("name", f"#{i}"))
         try:
             fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from faultlens.diagnosis.rules import CATALOGS, load_toml
+from faultlens.config import read_catalog
+from faultlens.diagnosis.rules import CATALOGS
 from faultlens.errors import CatalogError
 
 
@@ -38,7 +39,7 @@ def load_pauses(path: Path | None = None) -> list[PauseRule]:
     """The ``[[pause]]`` entries; a bad one fails at start naming the file and the entry."""
     path = path or CATALOGS / "pauses.toml"
     rules = []
-    for i, e in enumerate(load_toml(path).get("pause", [])):
+    for i, e in enumerate(read_catalog(path).get("pause", [])):
         name = str(e.get("name", f"pause#{i}"))
         try:
             begin = re.compile(str(e["begin"]))

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlens.config import read_catalog
 from faultlens.diagnosis.decision import Decision, Hold
 from faultlens.diagnosis.incidents import OpenIncident, Signal
 from faultlens.diagnosis.jobwide import JobWideRule, load_jobwide
-from faultlens.diagnosis.rules import CATALOGS, load_toml
+from faultlens.diagnosis.rules import CATALOGS
 from faultlens.errors import CatalogError
 from faultlens.schema import ACTION_TYPES, Finding, KernelEvent, NcclEvent
 from faultlens.vocabulary import ActionType, LineAction, Severity
@@ -91,7 +92,7 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
                 network_window_s: float | None = None) -> PolicyCatalog:
     """Load policy.toml; a bad entry fails naming file and entry."""
     path = path or CATALOGS / "policy.toml"
-    data = load_toml(path)
+    data = read_catalog(path)
     signals = []
     for i, entry in enumerate(data.get("signal", [])):
         name = str(entry.get("name", f"#{i}"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import tomllib
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError
 from faultlens.gpu_wire import column_spans
 from faultlens.schema import Finding, GpuSample, GpuState
@@ -32,16 +32,6 @@ SEVERITIES = values(Severity)
 LINE_ACTIONS = values(LineAction)
 CATEGORIES = values(Category)
 TESTS = ("increase", "flag", "rate", "bits", "equals")
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a catalog file; a syntax error names the file."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise CatalogError("catalog file not found", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"not valid TOML: {exc}", file=str(path)) from None
 
 
 @dataclass(frozen=True)
@@ -70,7 +60,7 @@ class CounterRule:
 def load_counter_rules(path: Path | None = None) -> list[CounterRule]:
     """Load and validate counters.toml; a bad entry fails naming file and entry."""
     path = path or CATALOGS / "counters.toml"
-    data = load_toml(path)
+    data = read_catalog(path)
     gpu_fields = set(GpuState.__struct_fields__)
     rules = []
     for i, entry in enumerate(data.get("rule", [])):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultlens.errors import ConfigError
+from faultlens.errors import CatalogError, ConfigError
 
 SECRET_KEYS = frozenset({"sasl_password", "ssl_password", "webhook_token"})
 
@@ -412,3 +412,20 @@ def load_config(
         cls: Any = sec.default_factory  # every section is a dataclass built by its default factory
         kwargs[sec.name] = cls(**sections.get(sec.name, {}))
     return Config(**kwargs)
+
+
+def read_catalog(path: str | Path) -> dict[str, Any]:
+    """One catalog file (TOML) as a table; a missing file or a syntax error names the file.
+
+    Every part's catalogs (signatures, patterns, rules, detectors, features) load through
+    this, so a broken catalog fails at start with the same message whoever reads it.
+    """
+    file = Path(path)
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CatalogError("catalog file not found", file=str(file)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"cannot read: {exc}", file=str(file)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"not valid TOML: {exc}", file=str(file)) from None

@@ -23,7 +23,6 @@ import operator
 import platform
 import re
 import time
-import tomllib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError, FeatureMismatch, ModelError, NotFittedError
 from faultlens.models.features import FEATURE_SET_VERSION, FEATURES, WindowFeatures
 from faultlens.models.params import load_params
@@ -77,10 +77,7 @@ class LabelRules:
 def load_label_rules(path: str | Path | None = None) -> LabelRules:
     """The label catalog; a bad entry names file and entry."""
     file = Path(path) if path else LABEL_CATALOG
-    try:
-        data = tomllib.loads(file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CatalogError(f"cannot read: {exc}", file=str(file)) from None
+    data = read_catalog(file)
     unknown = set(data) - {"job_wide", "evidence"}
     if unknown:
         raise CatalogError("unknown table; known: job_wide, evidence", file=str(file), entry=sorted(unknown)[0])

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError
 from faultlens.models.peer import _ABS_FLOOR, robust_z
 from faultlens.models.predictor import JobStepPredictor
@@ -96,10 +96,7 @@ class _Rule:
 def load_event_catalog(path: str | Path | None = None) -> tuple[dict[int, str], dict[str, list[_Rule]]]:
     """(xid code -> feature, source -> ordered rules); a bad entry names file and entry."""
     file = Path(path) if path else EVENT_CATALOG
-    try:
-        data = tomllib.loads(file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CatalogError(f"cannot read: {exc}", file=str(file)) from None
+    data = read_catalog(file)
     xid: dict[int, str] = {}
     for feature, codes in data.get("xid", {}).items():
         if feature not in XID_FEATURES:

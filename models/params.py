@@ -6,10 +6,10 @@ A bad entry fails at start naming the file and the entry, like every catalog.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from faultlens.config import read_catalog
 from faultlens.errors import CatalogError
 
 CATALOG = Path(__file__).resolve().parent / "catalogs" / "detectors.toml"
@@ -18,10 +18,7 @@ CATALOG = Path(__file__).resolve().parent / "catalogs" / "detectors.toml"
 def load_params(section: str, cls: type, path: str | Path | None = None) -> dict[str, Any]:
     """The ``[section]`` of the detector catalog as keyword arguments for ``cls``."""
     file = Path(path) if path else CATALOG
-    try:
-        data = tomllib.loads(file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CatalogError(f"cannot read detector catalog: {exc}", file=str(file)) from None
+    data = read_catalog(file)
     values = data.get(section, {})
     if not isinstance(values, dict):
         raise CatalogError("expected a table", file=str(file), entry=section)
