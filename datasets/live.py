@@ -30,6 +30,7 @@ from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.nvml_sim import SimClock, SimulatedNvml
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
 from faultlens.datasets.scenario_files import LiveWriter
+from faultlens.errors import UsageError
 from faultlens.schema import JobTopology, StackDump
 from faultlens.stream.bus import Producer
 
@@ -53,7 +54,8 @@ def demo_fleet(nodes: int, jobs: int) -> tuple[int, int]:
     """
     jobs = max(1, jobs)
     if nodes < jobs:
-        raise ValueError(f"{nodes} nodes cannot run {jobs} jobs on machines of their own")
+        raise UsageError(f"--nodes {nodes}: the fleet runs {jobs} jobs, one fault each, on machines of their own; "
+                         f"give at least --nodes {jobs}")
     per_job = max(1, (nodes - 1) // jobs)
     return per_job, nodes - per_job * jobs
 

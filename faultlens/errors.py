@@ -28,6 +28,10 @@ class FaultlensError(Exception):
     """Base of every error faultlens raises on purpose."""
 
 
+class UsageError(FaultlensError):
+    """Arguments that cannot work together; the message names the flag and what it needs."""
+
+
 class ConfigError(FaultlensError):
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
         where = ", ".join(x for x in (f"file {file}" if file else "", f"key {key}" if key else "") if x)

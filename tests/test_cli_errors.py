@@ -51,6 +51,9 @@ def _cases(lake: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["simulate", "scenario", "--gpus-per-node", "0", "--out", out], "argument --gpus-per-node: 0 is not"),
         (["simulate", "suite", "--n", "0", "--out", out], "argument --n: 0 is not a positive"),
         (["demo", "--nodes", "-1"], "argument --nodes: -1 is not a positive"),
+        (["demo", "--nodes", "4", "--no-ui", "--workdir", str(tmp / "demo")], "--nodes 4: the fleet runs 5 jobs"),
+        (["simulate", "live", "--nodes", "2", "--fault", "gpu_lost", "--fault", "hung_task", "--fault", "nan_loss",
+          "--workdir", str(tmp / "live")], "give at least --nodes 3"),
         (["explain", str(tmp / "missing.log")], "missing.log"),
         (["stream", "--flush-rows", "-1"], "argument --flush-rows: -1 is not a positive"),
         (["stream", "--exit-when-idle-s", "0"], "argument --exit-when-idle-s: 0 is not a positive"),
@@ -69,6 +72,7 @@ def test_every_command_with_bad_arguments_says_what_and_exits_non_zero(lake: Pat
         assert "Traceback" not in got.stderr, (args, got.stderr[-2000:])
         assert said in got.stderr, (args, got.stderr[-1000:])
     assert not (tmp_path / "sim").exists()  # no partial job.json / truth.json
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "live").exists()  # nothing started
     assert not (tmp_path / "empty-out").exists() and not (tmp_path / "badjob-out").exists()
 
 

@@ -202,6 +202,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 
     console = Console()
+    per_job, spare = demo_fleet(args.nodes, len(DEMO_FAULTS))  # a fleet too small fails before anything starts
     if args.log_level == "WARNING":  # the default: kafka-python's event-loop timing warnings are not the user's
         logging.getLogger("kafka").setLevel(logging.ERROR)
     workdir = Path(args.workdir).resolve()
@@ -228,7 +229,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
             sup.start("ui", "ui", "--lake", str(workdir / "lake"), "--port", str(port))
             console.print(f"explorer: [bold]http://127.0.0.1:{port}[/]  (logs in {esc(workdir / 'logs')})")
         start_pipeline(sup, nodes=args.nodes, speed=args.speed, segment=args.segment, workdir=workdir)
-        per_job, spare = demo_fleet(args.nodes, len(DEMO_FAULTS))
         console.print(f"simulating {args.nodes} nodes x 8 GPUs at {args.speed:g}x: {len(DEMO_FAULTS)} jobs of "
                       f"{per_job} nodes each, {spare} spare; one fault per job in turn: Xid 79, thermal "
                       "fail-slow, hang with a stuck rank, user-code exception, transient link flap. Ctrl-C stops.")

@@ -26,7 +26,7 @@ from faultlens.datasets.campaign_report import (
 from faultlens.datasets.campaign_run import error_sweep, run_campaign
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.faults import SCENARIO_KINDS
-from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_segments
+from faultlens.datasets.live import DEMO_FAULTS, LiveCluster, demo_fleet, demo_segments
 from faultlens.datasets.scenario import DEFAULT_START_TS, FaultSpec, Scenario, ScenarioSpec
 from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.datasets.suite import long_run_spec, write_suite
@@ -173,13 +173,13 @@ def _live(args: argparse.Namespace, config: Any) -> int:
     import signal
     import threading
 
-
+    faults = DEMO_FAULTS if not args.fault else tuple((k, i * 5 + 3, None) for i, k in enumerate(args.fault))
+    demo_fleet(args.nodes, len(faults))  # a fleet too small fails before anything starts
     bootstrap = config.bus.bootstrap_servers or None
     if not bootstrap:
         print("faultlens simulate live: no Kafka configured (--bootstrap-servers or FAULTLENS_BOOTSTRAP)")
         return 2
     ensure_topics(config.bus)
-    faults = DEMO_FAULTS if not args.fault else tuple((k, i * 5 + 3, None) for i, k in enumerate(args.fault))
     segments = demo_segments(args.nodes, segment_s=args.segment, onset_s=args.onset, seed=args.seed, faults=faults)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
