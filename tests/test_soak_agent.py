@@ -6,8 +6,10 @@ delivered (collectors/spool.py). A restarted agent therefore starts after what i
 predecessor shipped: every step line (one record, keyed job, rank, step) reaches the
 lake. Delivery is at-least-once: a kill between the broker's acknowledgement of a
 send and the position save that follows it makes the next agent send that batch
-again, so a record may be there twice, never more (with the default 2 s send limiter
-that was ~90 records per kill on the shared 2-core machine; with no limiter, none).
+again (with the default 2 s send limiter that was ~90 records per kill on the shared
+2-core machine; with no limiter, none). Under heavy load the next agent can be killed
+in the same window before its own save, so a record may come once per such kill: the
+bound is one send window (2 s of lines) per kill, never a resend from the start.
 """
 
 from __future__ import annotations
@@ -115,4 +117,6 @@ def _kill_and_count(bus: BusConfig, tmp_path: Path) -> None:
     db.close()
     assert kills >= 4
     assert distinct == LINES, f"{kills} kills: {LINES - distinct} lost; " + (tmp_path / "agent.log").read_text()[-2000:]
-    assert most <= 2, f"a record shipped {most} times ({rows - distinct} duplicate rows after {kills} kills)"
+    window = 2.0 * 300  # lines written in one 2 s send window (~300 lines/s)
+    assert rows - distinct <= window * kills, f"{rows - distinct} duplicate rows after {kills} kills"
+    assert most <= kills + 1, f"a record shipped {most} times after {kills} kills"
