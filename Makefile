@@ -87,7 +87,7 @@ FORCE:
 
 # Static checks first (seconds), then the suite.
 test: chromium slurm lint typecheck floors
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # A real PyTorch job (DDP over gloo, virtual nodes, real faults) through the whole pipeline.
 # REALJOB=--quick (8 ranks, five faults) or REALJOB= (every fault); root (PID namespaces).
