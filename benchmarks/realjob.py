@@ -16,7 +16,8 @@ kernel log, standing for the hardware that a real machine's kernel would report.
     python benchmarks/realjob.py           # every fault (~20 min)
 
 Right = the action's type is one the fault calls for and it names the faulty machine (an eviction),
-or names none (a rollback/restart). A false eviction is any evicted machine that was healthy.
+or names none or every machine of the job (a rollback/restart; NaN on every rank: stop-time checks on
+all of them). A false eviction is any evicted machine that was healthy.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from benchmarks.torchjob.cluster import Cluster  # noqa: E402
 
 EVICT = ("evict_nodes",)
 RESTART = ("restart_job", "rollback_code")
-ACTING = ("evict_nodes", "restart_job", "rollback_code", "adapt_parallelism")
+ACTING = ("evict_nodes", "restart_job", "rollback_code", "adapt_parallelism", "run_diagnostics")
+# NaN on every rank: stop-time checks on every machine (possible silent data corruption), or a restart; blames none
+NAN_RIGHT = ("run_diagnostics", "restart_job", "rollback_code")
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Fault:
     name: str
     cls: str  # hang | crash | exception | nan | failslow | input
     expect: tuple[str, ...]  # action types that are right
-    names_node: bool  # the right action names the faulty node (else: names none)
+    names_node: bool  # the right action names the faulty node (else: names none, or every node of the job)
     inject: Callable[[Cluster, int], str]  # -> what was done
     window_s: float = 120.0
     extra: tuple[str, ...] = ()  # train.py arguments for this case
@@ -114,7 +117,7 @@ FAULTS = [
     Fault("lost-machine", "crash", EVICT, True, _lost_machine),
     Fault("rank-frozen", "hang", EVICT, True, _signal(signal.SIGSTOP)),
     Fault("exception", "exception", RESTART, False, _ctl("raise-{rank}")),
-    Fault("nan-every-rank", "nan", RESTART, False, _ctl("lr-1e30")),
+    Fault("nan-every-rank", "nan", NAN_RIGHT, False, _ctl("lr-1e30")),
     Fault("storage-read-blocked", "hang", EVICT, True, _ctl("fifo-{rank}")),
     Fault("dataloader-worker-killed", "exception", RESTART, False, _worker(signal.SIGKILL)),
     Fault("dataloader-worker-hung", "hang", EVICT, True, _worker(signal.SIGSTOP)),
@@ -192,7 +195,8 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
         right = False
     else:
         named = list(first.get("nodes") or [])
-        right = first.get("type") in fault.expect and (named == [node] if fault.names_node else not named)
+        right = first.get("type") in fault.expect and (named == [node] if fault.names_node
+                                                        else not named or sorted(named) == sorted(nodes))
     return {
         "fault": fault.name, "cls": fault.cls, "job": job, "node": node, "rank": rank, "injected": what,
         "action": f"{first.get('type')} {','.join(first.get('nodes') or [])}".strip() if first else "none",
