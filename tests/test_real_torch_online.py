@@ -116,3 +116,21 @@ def test_an_exception_is_rolled_back_after_the_job_went_quiet() -> None:
 
 
 CONFIG_SETTLE_S = 2.0  # policy.toml [steps] exception_settle_s
+
+
+def test_a_rank_capped_at_5pct_of_a_cpu_is_acted_on_and_no_other_machine() -> None:
+    """The DDP ranks' own split (faultlens.torch: bwd_s to the last bucket, comm_s the wait): the capped rank
+    computes 3.5x longer, its peers wait for it; with the job too young for a healthy wait history, the same
+    step's wait gap corroborates it (confidence 0.75 -> 0.95, over the fail_slow route's 0.9)."""
+    from faultlens.models.failslow import FailSlowDetector
+
+    recs = _records("online_cpu_capped_steps.jsonl")
+    engine = DiagnosisEngine(CONFIG, detectors=[FailSlowDetector()])
+    out = []
+    for rec in recs:
+        out += engine.observe(rec)
+    out += engine.tick(engine.now)
+    slow = [o for o in out if type(o).KIND == "incidents" and o.kind == "fail_slow"]
+    assert {s["node"] for i in slow for s in i.suspects} == {"vn1"} and max(i.confidence for i in slow) >= 0.9
+    acted = [(a.type, a.nodes) for a in out if type(a).KIND == "actions"]
+    assert acted and all(nodes == ["vn1"] and t in ("evict_nodes", "adapt_parallelism") for t, nodes in acted), acted
