@@ -16,7 +16,8 @@ kernel log, standing for the hardware that a real machine's kernel would report.
     python benchmarks/realjob.py           # every fault (~20 min)
 
 Right = the action's type is one the fault calls for and it names the faulty machine (an eviction),
-or names none (a rollback/restart). A false eviction is any evicted machine that was healthy.
+or names none or every machine of the job (a rollback/restart; NaN on every rank: stop-time checks on
+all of them). A false eviction is any evicted machine that was healthy.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from benchmarks.torchjob.cluster import Cluster  # noqa: E402
 
 EVICT = ("evict_nodes",)
 RESTART = ("restart_job", "rollback_code")
-ACTING = ("evict_nodes", "restart_job", "rollback_code", "adapt_parallelism")
+ACTING = ("evict_nodes", "restart_job", "rollback_code", "adapt_parallelism", "run_diagnostics")
+# NaN on every rank: stop-time checks on every machine (possible silent data corruption), or a restart; blames none
+NAN_RIGHT = ("run_diagnostics", "restart_job", "rollback_code")
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Fault:
     name: str
     cls: str  # hang | crash | exception | nan | failslow | input
     expect: tuple[str, ...]  # action types that are right
-    names_node: bool  # the right action names the faulty node (else: names none)
+    names_node: bool  # the right action names the faulty node (else: names none, or every node of the job)
     inject: Callable[[Cluster, int], str]  # -> what was done
     window_s: float = 120.0
     extra: tuple[str, ...] = ()  # train.py arguments for this case
@@ -90,8 +93,27 @@ def _worker(sig: int) -> Callable[[Cluster, int], str]:
     return go
 
 
+def _remove_cgroups(job: str, wait_s: float = 10.0) -> None:
+    """The CPU cap's group, once the killed rank's threads have left it (EBUSY until then)."""
+    groups = [*Path("/sys/fs/cgroup").glob(f"*/faultlens-slow-{job}"), *Path("/sys/fs/cgroup").glob(f"faultlens-slow-{job}")]
+    deadline = time.monotonic() + wait_s
+    for g in groups:
+        while True:
+            try:
+                g.rmdir()
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    print(f"could not remove {g}: {exc}", file=sys.stderr)
+                    break
+                time.sleep(0.2)
+
+
+CPU_QUOTA_PCT = 5  # of one CPU: under a load of ~20 on 2 cores every process gets ~10%, so 15% capped nothing
+
+
 def _cpu_contention(c: Cluster, rank: int) -> str:
-    """The rank's process (every thread) into a cgroup capped at 15% of one CPU (cgroup v1 or v2)."""
+    """The rank's process (every thread) into a cgroup capped at CPU_QUOTA_PCT of one CPU (cgroup v1 or v2)."""
     pid = c.rank_pid(rank)
     if pid is None:
         raise RuntimeError(f"rank {rank} not found")
@@ -100,21 +122,21 @@ def _cpu_contention(c: Cluster, rank: int) -> str:
         g = v1 / f"faultlens-slow-{c.job}"
         g.mkdir(exist_ok=True)
         (g / "cpu.cfs_period_us").write_text("100000")
-        (g / "cpu.cfs_quota_us").write_text("15000")
+        (g / "cpu.cfs_quota_us").write_text(str(CPU_QUOTA_PCT * 1000))
     else:
         g = Path("/sys/fs/cgroup") / f"faultlens-slow-{c.job}"
         g.mkdir(exist_ok=True)
-        (g / "cpu.max").write_text("15000 100000")
+        (g / "cpu.max").write_text(f"{CPU_QUOTA_PCT * 1000} 100000")
     for tid in os.listdir(f"/proc/{pid}/task"):
         (g / "tasks" if v1.is_dir() else g / "cgroup.threads").write_text(tid)
-    return f"rank {rank} (pid {pid}) capped at 15% of a CPU ({g})"
+    return f"rank {rank} (pid {pid}) capped at {CPU_QUOTA_PCT}% of a CPU ({g})"
 
 
 FAULTS = [
     Fault("lost-machine", "crash", EVICT, True, _lost_machine),
     Fault("rank-frozen", "hang", EVICT, True, _signal(signal.SIGSTOP)),
     Fault("exception", "exception", RESTART, False, _ctl("raise-{rank}")),
-    Fault("nan-every-rank", "nan", RESTART, False, _ctl("lr-1e30")),
+    Fault("nan-every-rank", "nan", NAN_RIGHT, False, _ctl("lr-1e30")),
     Fault("storage-read-blocked", "hang", EVICT, True, _ctl("fifo-{rank}")),
     Fault("dataloader-worker-killed", "exception", RESTART, False, _worker(signal.SIGKILL)),
     Fault("dataloader-worker-hung", "hang", EVICT, True, _worker(signal.SIGSTOP)),
@@ -179,10 +201,7 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
         if fault.cls == "input" and actions:
             break
     c.stop_job()
-    for g in Path("/sys/fs/cgroup").glob(f"*/faultlens-slow-{job}"):  # the CPU cap's group, now empty
-        g.rmdir()
-    for g in Path("/sys/fs/cgroup").glob(f"faultlens-slow-{job}"):
-        g.rmdir()
+    _remove_cgroups(job)
     acting = [a for a in actions if a.get("type") in ACTING]
     evicted = sorted({n for a in actions if a.get("type") == "evict_nodes" for n in a.get("nodes") or []})
     first = acting[0] if acting else None
@@ -192,7 +211,8 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
         right = False
     else:
         named = list(first.get("nodes") or [])
-        right = first.get("type") in fault.expect and (named == [node] if fault.names_node else not named)
+        right = first.get("type") in fault.expect and (named == [node] if fault.names_node
+                                                        else not named or sorted(named) == sorted(nodes))
     return {
         "fault": fault.name, "cls": fault.cls, "job": job, "node": node, "rank": rank, "injected": what,
         "action": f"{first.get('type')} {','.join(first.get('nodes') or [])}".strip() if first else "none",
@@ -235,7 +255,11 @@ def main() -> int:
         consumer = Consumer(load_config(None).bus, ["incidents", "actions"], group_id=None, bootstrap=c.bootstrap)
         nodes = [n.name for n in c.vnodes]
         for i, f in enumerate(faults):
-            row = run_case(c, consumer, f, i, nodes)
+            try:
+                row = run_case(c, consumer, f, i, nodes)
+            except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others still run
+                c.stop_job()
+                row = {"fault": f.name, "cls": f.cls, "error": f"the case failed: {exc!r}"[:300]}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         consumer.close()

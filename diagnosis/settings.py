@@ -36,6 +36,9 @@ class HangSettings:
     max_silence_s: float  # the upper bound ([diagnosis] hang_no_progress_s)
     grace_s: float  # after a hang opens, wait this long for an explicit cause to explain it
     stacks_wait_s: float  # online: how long to wait for stack answers after dump_stacks
+    # online: once every rank answered dump_stacks, decide this long after the request (the Flight Recorder
+    # answers, a late explicit cause) instead of waiting out grace_s
+    answered_wait_s: float
     # Online service only: a silence must stay a hang this long in wall time before it is called
     # ([diagnosis] hang_dwell_s: a backlog's steps can reach the service after its GPU samples). 0: at once.
     dwell_s: float = 0.0
@@ -60,6 +63,7 @@ class EngineSettings:
             gap_multiple=_need(steps, "hang_gap_multiple"), end_min_silence_s=_need(steps, "end_min_silence_s"),
             end_step_multiple=_need(steps, "end_step_multiple"), end_gap_multiple=_need(steps, "end_gap_multiple"),
             max_silence_s=d.hang_no_progress_s, grace_s=_need(steps, "hang_grace_s"),
-            stacks_wait_s=_need(steps, "stacks_wait_s"), dwell_s=d.hang_dwell_s if wall_clock_dwell else 0.0)
+            stacks_wait_s=_need(steps, "stacks_wait_s"), answered_wait_s=_need(steps, "stacks_answered_wait_s"),
+            dwell_s=d.hang_dwell_s if wall_clock_dwell else 0.0)
         return cls(hang=hang, nan_settle_s=_need(steps, "nan_settle_s"),
                    exception_settle_s=_need(steps, "exception_settle_s"), notify_delay_s=_need(steps, "notify_delay_s"))

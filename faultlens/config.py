@@ -126,6 +126,11 @@ class DiagnosisConfig:
     # counted 22-32 false job hangs on a fleet without faults). 0: call at once. The demo scales it by
     # its --speed (its clock runs that much faster than the wall clock).
     hang_dwell_s: float = 30.0
+    # Online: a partition that heard no record for this long (wall time) ticks on its newest record's time
+    # plus the quiet: a job whose ranks all died sends nothing (CPU nodes send no GPU samples), and its
+    # settle and grace times must still end (benchmarks/realjob.py: an exception's rollback waited for ever).
+    # A backlog being drained is never quiet. 0: event time only.
+    idle_clock_after_s: float = 2.0
     # Online: an eviction whose newest evidence is older than this (wall clock) becomes a notify with the
     # reason "stale": a pipeline that fell behind does not evict on what it saw minutes ago. 0: off (the
     # default until the tests and benchmarks that replay old timestamps through online engines set it;

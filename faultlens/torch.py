@@ -15,7 +15,10 @@ What it does, always off the training step's path:
   ``FAULTLENS_STEPS_DIR/steps-<job>-<rank>.jsonl``, else /tmp), the file the node agent's
   ``steps`` source follows (``--steps-glob``). Tensors given as loss or grad norm are turned
   into numbers by that thread, so the training thread never waits on the device for them;
-  ``comm_s`` comes from a DDP communication hook (``watch_ddp``) timing its buckets.
+  ``comm_s`` comes from a DDP communication hook (``watch_ddp``) timing its buckets: DDP's
+  ``backward()`` returns only when its all-reduce is done, so with the hook ``bwd_s`` ends when
+  the rank's last bucket was ready (its own compute) and ``comm_s`` is the rest of backward (the
+  wait for its peers): a slow rank computes longer and waits less, its peers the reverse.
 * **stall watchdog**: when no step completed for ``stall_s`` (and again every ``stall_s`` while
   the stall lasts), the rank writes its own Flight Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``; gloo and NCCL keep one when
   ``TORCH_FR_BUFFER_SIZE`` > 0, which the monitor sets if unset) to
@@ -78,10 +81,11 @@ class StepTimer:
     """What ``TrainingMonitor.step`` yields: ``mark('fwd'|'bwd')`` splits the step, ``update``
     adds loss, grad norm or workload figures."""
 
-    __slots__ = ("_t0", "_last", "fields")
+    __slots__ = ("_t0", "_last", "bwd_end", "fields")
 
     def __init__(self, t0: float, fields: dict[str, Any]):
         self._t0 = self._last = t0
+        self.bwd_end = 0.0  # perf_counter at mark("bwd")
         self.fields = fields
 
     def mark(self, phase: str) -> None:
@@ -89,9 +93,25 @@ class StepTimer:
         now = time.perf_counter()
         self.fields[f"{phase}_s"] = now - self._last
         self._last = now
+        if phase == "bwd":
+            self.bwd_end = now
 
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
+
+
+def _split_backward(timer: StepTimer, comm: list[float]) -> None:
+    """``bwd_s`` to the last bucket's launch (the rank's own compute) and ``comm_s`` the rest of backward
+    (waiting for the all-reduce), when ``bwd`` was marked after the buckets; else ``comm_s`` is the
+    buckets' span. A rank capped at 5% of a CPU in a real 8-rank job showed bwd_s as long as its
+    peers' (they waited for it inside backward): no machine stood out until the split."""
+    bwd = timer.fields.get("bwd_s")
+    if isinstance(bwd, float) and comm[0] <= comm[3] <= timer.bwd_end:
+        wait = timer.bwd_end - comm[3]
+        timer.fields["bwd_s"] = max(0.0, bwd - wait)
+        timer.fields["comm_s"] = wait
+    else:
+        timer.fields["comm_s"] = max(0.0, comm[1] - comm[0])
 
 
 class TrainingMonitor:
@@ -120,7 +140,8 @@ class TrainingMonitor:
         self._last_step_mono = time.monotonic()
         self._next_stall_dump = 0.0
         self._request_seen = 0.0
-        self._comm: list[float] = [0.0, 0.0, 0.0]  # first bucket launched, last bucket done, buckets (this step)
+        # this step's DDP buckets: first launched, last done, how many, last launched
+        self._comm: list[float] = [0.0, 0.0, 0.0, 0.0]
         try:  # tells the agent this pid answers dump requests
             with open(self.dump_path + MONITOR_SUFFIX, "wb") as f:
                 f.write(orjson.dumps({"pid": os.getpid(), "job": self.job, "rank": self.rank, "node": self.node}))
@@ -136,7 +157,7 @@ class TrainingMonitor:
         """Time the block as step ``step``; ``lengths`` (host-side) gives its workload."""
         t0 = time.perf_counter()
         timer = StepTimer(t0, dict(fields))
-        self._comm[:] = [0.0, 0.0, 0.0]
+        self._comm[:] = [0.0, 0.0, 0.0, 0.0]
         try:
             yield timer
         except BaseException:
@@ -147,7 +168,7 @@ class TrainingMonitor:
                 if lengths is not None:
                     timer.fields.update(workload(lengths))
                 if self._comm[2]:
-                    timer.fields["comm_s"] = max(0.0, self._comm[1] - self._comm[0])
+                    _split_backward(timer, self._comm)
                 self.record(step, time.perf_counter() - t0, **timer.fields)
             except Exception:  # noqa: BLE001 - the training loop must never see our errors
                 self.errors += 1
@@ -178,6 +199,7 @@ class TrainingMonitor:
             if not comm[2]:
                 comm[0] = now
             comm[2] += 1
+            comm[3] = now  # the rank's gradients of this bucket are ready: its compute reached here
             fut = default_hooks.allreduce_hook(state, bucket)
 
             def done(f: Any) -> Any:

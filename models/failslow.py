@@ -8,7 +8,9 @@ slowdown crosses the default threshold in about a dozen steps, a 40% one in two.
 
 Localisation: the slow machine's ranks *compute* longer while every other rank
 *waits* longer (its comm time rises), so the ranks whose compute ratio alarms
-name the machine, and the others' wait is the corroborating evidence. When most
+name the machine, and the others' wait is the corroborating evidence (against the job's
+healthy wait, or, with no history yet, against the slow ranks' own wait in the same step: in a
+synchronous all-reduce the slowest rank waits least, its peers by about its extra compute). When most
 ranks alarm together, or step duration rises with no rank's compute behind it
 (a slow data loader or file system: every rank waits on input), the finding is
 job-level (``kind="job_slow"``, action ``notify``): there is no machine to blame.
@@ -308,6 +310,15 @@ class FailSlowDetector:
             wait_inc = math.nan
             if job.wait_base and np.isfinite(res.comm_s[others]).any():
                 wait_inc = float(np.nanmedian(res.comm_s[others]) - np.median(job.wait_base))
+            # No healthy history of the wait yet (a job minutes old): the same step's peers wait longer than
+            # the slow ranks by at least half their extra compute (a real rank capped at 5% of a CPU: peers'
+            # comm 0.3-0.5 s, its own 0.1 s, its compute +0.3 s)
+            own_wait, than = res.comm_s[sel], "than their usual"
+            if not math.isfinite(wait_inc) and np.isfinite(own_wait).any() and np.isfinite(res.comm_s[others]).any():
+                extra = float(np.median(res.compute_s[sel]) - np.median(res.compute_s[others]))
+                gap = float(np.nanmedian(res.comm_s[others]) - np.nanmedian(own_wait))
+                if extra > 0 and gap >= 0.5 * extra:
+                    wait_inc, than = gap, f"than rank(s) {_short(ranks)}"
             job.reported[node] = res.step
             job.predictor.excluded |= set(ranks)
             gpus = sorted({topo.gpu_of(r) for r in ranks if r in topo.placement}) if topo else []
@@ -317,7 +328,7 @@ class FailSlowDetector:
             text = (f"{node}: rank(s) {_short(ranks)} compute {slowdown:+.0%} over their workload-predicted "
                     f"time for {steps} steps (residual {residual:.2f}, peers {peer_ratio:.2f})")
             if corroborated:
-                text += f"; the other ranks wait {wait_inc:+.3f} s more per step"
+                text += f"; the other ranks wait {wait_inc:+.3f} s more per step {than}"
             out.append(Finding(
                 ts=res.ts, kind="fail_slow", category="unknown",
                 severity="critical" if slowdown >= 0.2 else "warning", action="evict_node",

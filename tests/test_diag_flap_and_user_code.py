@@ -35,3 +35,12 @@ def test_a_recovered_flap_before_a_user_exception_does_not_turn_the_rollback_int
     with_flap = _decide(tmp_path / "flap", [crash, flap])
     assert ActionType.ROLLBACK_CODE in with_flap, with_flap
     assert ActionType.EVICT_NODES not in with_flap
+
+
+def test_one_rank_raises_and_its_peers_lose_the_connection_rollback_and_no_eviction(tmp_path) -> None:
+    """The shape a real DDP job showed (benchmarks/realjob.py, tests/fixtures/real_torch/online_exception.jsonl):
+    one rank's bug, every other rank's gloo "Connection closed by peer" seconds later (infrastructure words)."""
+    crash = FaultSpec(kind="user_exception", id="f1", onset_s=300.0, params={"spread": "one"})
+    got = _decide(tmp_path, [crash])
+    assert ActionType.ROLLBACK_CODE in got, got
+    assert ActionType.EVICT_NODES not in got and ActionType.RESTART_JOB not in got

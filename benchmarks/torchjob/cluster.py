@@ -10,7 +10,7 @@ diagnosis (guard out of dry-run) and the runner (command adapter, ``--execute``)
 ``faultlens demo`` starts them (faultlens/commands/demo.py's ``service_env`` and ``demo_key``,
 faultlens/supervise.py). The runner's hook (hook.py) writes each action it is given to
 ``WORKDIR/hook-actions.jsonl``; ``Cluster.apply_hook_actions`` restarts the job from its last
-checkpoint without the evicted nodes (restart/rollback: on the same nodes).
+checkpoint without the evicted nodes (restart, rollback, stop-time diagnostics: on the same nodes).
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ class Cluster:
     def apply(self, action: dict[str, Any]) -> str | None:
         """Restart the job from its last checkpoint for an action that asks it; what was done, or None."""
         kind = action.get("type")
-        if action.get("job") != self.job or kind not in ("evict_nodes", "restart_job", "rollback_code"):
+        # run_diagnostics: restart after stop-time checks, which a CPU virtual node has nothing to run
+        if action.get("job") != self.job or kind not in ("evict_nodes", "restart_job", "rollback_code", "run_diagnostics"):
             return None
         evicted = [n for n in action.get("nodes") or [] if n in self.job_nodes] if kind == "evict_nodes" else []
         keep = [n for n in self.job_nodes if n not in evicted]

@@ -25,7 +25,10 @@ Time is each partition's stream time (the newest record time seen there), so a
 partition replayed after a failover is judged on its own clock, and one
 instance or four decide the same; it never leads the wall clock by more than
 ``time.max_clock_skew_s`` (one record stamped 2100 must not move every job of
-its partition to 2100). Engines tick once a second of wall time.
+its partition to 2100). Engines tick once a second of wall time. A partition that
+heard nothing for ``[diagnosis] idle_clock_after_s`` of wall time (a job whose ranks
+all died: CPU nodes send no GPU samples to keep its time moving) ticks on its newest
+record's time plus that quiet, so its settle and grace times still end.
 """
 
 from __future__ import annotations
@@ -141,6 +144,8 @@ class DiagnosisService:
         self.unreadable_checkpoints = 0  # job checkpoints and markers that did not read (started afresh)
         self.unverified_changelog = 0  # of those, records without diagnosis's seal (forged, unsigned): dead-lettered
         self.max_clock_skew_s = config.time.max_clock_skew_s
+        self.idle_clock_after_s = config.diagnosis.idle_clock_after_s
+        self._heard: dict[int, float] = {}  # partition -> monotonic time of its newest record
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
@@ -386,6 +391,7 @@ class DiagnosisService:
             ts = getattr(record, "ts", None) if kind != "action-status" else None  # the runner's wall clock
             if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
                 self.stream_time[p] = self._bounded(float(ts))
+            self._heard[p] = time.monotonic()
             self.applied += 1
             st.outbox.extend(st.engine.observe(record))
         if unowned:
@@ -422,10 +428,18 @@ class DiagnosisService:
                 self.metrics.guard_breakers_open.labels(scope="job").set(len(book.job_breakers))
         for st in self.states.values():
             # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
-            out = st.engine.tick(self.stream_time.get(st.partition) or None)
+            out = st.engine.tick(self._clock(st.partition, now))
             if out:
                 st.outbox.extend(out)
                 st.dirty = True
+
+    def _clock(self, partition: int, mono: float) -> float | None:
+        """The partition's stream time; once it heard nothing for ``idle_clock_after_s``, plus that quiet."""
+        ts = self.stream_time.get(partition) or None
+        if ts is None or self.idle_clock_after_s <= 0:
+            return ts
+        quiet = mono - self._heard.setdefault(partition, mono)
+        return self._bounded(ts + quiet) if quiet >= self.idle_clock_after_s else ts
 
     def _flush(self, *, force: bool = False) -> None:
         """Checkpoint what changed (with its outbox and a marker per partition), then send the outbox.

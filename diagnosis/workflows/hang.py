@@ -122,7 +122,9 @@ class HangWorkflow(BaseWorkflow):
         cmd = desk.mode.request_stacks(inc, now, "hang")
         if cmd is not None:
             desk.state.outputs.append(cmd)
-        ready_at = desk.mode.stacks_ready_at(inc, now, grace_s=self.settings.grace_s, wait_s=self.settings.stacks_wait_s)
+        ready_at = desk.mode.stacks_ready_at(inc, now, grace_s=self.settings.grace_s, wait_s=self.settings.stacks_wait_s,
+                                             answered=_every_rank_answered(job, inc),
+                                             answered_wait_s=self.settings.answered_wait_s)
         if now < ready_at and not final:
             return
         verdict: StackVerdict | None = None
@@ -155,6 +157,15 @@ class HangWorkflow(BaseWorkflow):
             named = tuple(ranking.best(allowed)) if ranking is not None and ranking.best(allowed) else decision.nodes[:allowed]
             desk.act(inc, Decision(ActionType.RUN_DIAGNOSTICS, named, f"hang: eviction refused by the guard rails; "
                                    f"restart with stop-time diagnostics on {', '.join(named) or 'the job'}", 0.6))
+
+
+def _every_rank_answered(job: JobState, inc: OpenIncident) -> bool:
+    """Every rank of the job has a stack dump dated after the hang's request (a failed dump included: a
+    stopped rank's py-spy error is its answer)."""
+    requested = inc.state.requested_ts
+    if requested is None or job.topology is None or not job.topology.world_size:
+        return False
+    return all((d := job.stacks.get(r)) is not None and d.ts >= requested for r in range(job.topology.world_size))
 
 
 def _pause_ended(job: JobState, inc: OpenIncident) -> bool:
