@@ -93,6 +93,9 @@ class SlurmJobCluster:
             "FAULTLENS_LAKE_FLUSH_INTERVAL_S": "5",
             "FAULTLENS_GUARD_DRY_RUN": "false" if self.policy == "faultlens" else "true",
             "FAULTLENS_RUNNER_COMMAND_TIMEOUT_S": "20",
+            # A 3-node job may lose a node per fault within minutes here (an hour's faults, compressed): the
+            # guard's per-job cap (min(4, max(1, 25% of 3 nodes)) = 1 an hour) would refuse the second.
+            "FAULTLENS_GUARD_MAX_EVICTED_FRACTION": "1.0",
             # The node check a run_diagnostics job runs: the stand-in for `dcgmi diag -r 1` on a GPU that
             # fell off the bus is the node's broken mark (slurm_task.py); it fails while the mark is there.
             "FAULTLENS_RUNNER_DIAGNOSTICS_COMMAND": f"test ! -e {self.workdir}/nodes/{{node}}/broken",
@@ -266,7 +269,11 @@ class Person:
         f = c.job_fields()
         state = f.get("JobState", "")
         if c.policy == "restart-only" and state in ENDED and state != "COMPLETED":
-            nodes = f.get("NodeList", "")
+            from faultlens.diagnosis.runner.adapter_slurm import expand_nodes
+
+            drained = c.drained()  # pinned to its nodes, but never to one a person has taken out
+            kept = [n for n in expand_nodes(f.get("NodeList", "")) if n not in drained]
+            nodes = ",".join(kept) if len(kept) == c.job_nodes else ""
             for argv in (["scontrol", "requeuehold", c.job], ["scontrol", "update", f"JobId={c.job}",
                                                               f"ReqNodeList={nodes}"], ["scontrol", "release", c.job]):
                 c.slurm.run(argv, check=False)
@@ -279,9 +286,10 @@ class Person:
                     c.slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                                  "Reason=on-call: GPU fell off the bus"], check=False)
                 f = c.job_fields()
-                c.slurm.run(["scontrol", "update", f"JobId={c.job}", "ReqNodeList="], check=False)
-                if f.get("JobState") != "RUNNING":
-                    c.slurm.run(["scontrol", "requeue", c.job], check=False)
+                if f.get("JobState") != "RUNNING":  # the job goes again without the machine
+                    for argv in (["scontrol", "requeuehold", c.job], ["scontrol", "update", f"JobId={c.job}",
+                                                                     "ReqNodeList="], ["scontrol", "release", c.job]):
+                        c.slurm.run(argv, check=False)
                 c.log.append(f"{now:.1f} a person drained {node}, requeued {c.job} (was {f.get('JobState')})")
             if node in self.handled and now >= at + self.human_delay_s + self.repair_s:
                 c.repair(node)
