@@ -55,8 +55,8 @@ def schedule(seed: int, k: int, wall_s: float, job_nodes: int) -> list[tuple[flo
 
 
 def run_policy(policy: str, faults: list[tuple[float, int]], *, workdir: Path, wall_s: float, human_s: float,
-               repair_s: float, ckpt_every: int) -> dict[str, Any]:
-    c = SlurmJobCluster(workdir / policy, policy=policy, ckpt_every=ckpt_every)
+               repair_s: float, ckpt_every: int, detectors: str = "none") -> dict[str, Any]:
+    c = SlurmJobCluster(workdir / policy, policy=policy, ckpt_every=ckpt_every, detectors=detectors)
     c.start()
     person = Person(c, human_delay_s=human_s, repair_s=repair_s)
     made: list[dict[str, Any]] = []
@@ -112,9 +112,9 @@ def run(args: Any) -> int:
     import logging
 
     logging.getLogger("kafka").setLevel(logging.ERROR)
-    wall_s = args.wall_s or (45.0 if args.smoke else 100.0 if args.quick else 420.0)
+    wall_s = args.wall_s or (60.0 if args.smoke else 120.0 if args.quick else 420.0)
     k = args.k_faults or (1 if args.smoke or args.quick else 3)
-    scale = args.human_scale or (1 / 60 if args.smoke else 1 / 30 if args.quick else 1 / 15)
+    scale = args.human_scale or (1 / 120 if args.smoke else 1 / 60 if args.quick else 1 / 15)
     full_human, source = human_delay_s()
     human_s = full_human * scale
     repair_s = args.repair_s if args.repair_s is not None else human_s
@@ -127,7 +127,8 @@ def run(args: Any) -> int:
     t_all = time.time()
     for policy in policies:
         row = run_policy(policy, faults, workdir=Path(args.workdir).resolve() / "slurm", wall_s=wall_s,
-                         human_s=human_s, repair_s=repair_s, ckpt_every=args.ckpt_every)
+                         human_s=human_s, repair_s=repair_s, ckpt_every=args.ckpt_every,
+                         detectors=args.slurm_detectors)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     print(f"{'policy':13} {'faults':>6} {'steps':>6} {'clean step s':>12} {'productive s':>12} {'wall s':>6} "
@@ -148,6 +149,6 @@ def run(args: Any) -> int:
         "faults_seen": {r["policy"]: len(r.get("faults", [])) for r in rows},
         "false_evictions": {r["policy"]: len(r.get("false_evictions", {})) for r in rows},
         "faultlens_down_s": {"median": statistics.median(downs), "max": max(downs)} if downs else None,
-        "load_1m": round(__import__("os").getloadavg()[0], 1), "total_s": round(time.time() - t_all),
+        "detectors": args.slurm_detectors, "load_1m": round(__import__("os").getloadavg()[0], 1), "total_s": round(time.time() - t_all),
     }))
     return 0

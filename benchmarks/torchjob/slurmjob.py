@@ -51,6 +51,9 @@ class SlurmJobCluster:
     ranks_per_node: int = 1
     ckpt_every: int = 10
     train_args: tuple[str, ...] = ()
+    # Online diagnosis' detectors from models/ ("none": rules only). Off by default here: the "machines" are one
+    # shared host's CPUs, so a rank its neighbours starve is not a slow machine (realjob.py's cpu-contention is).
+    detectors: str = "none"
     slurm: Any = None
     broker: Any = None
     sup: Any = None
@@ -68,7 +71,8 @@ class SlurmJobCluster:
             shutil.rmtree(self.workdir)
         for sub in ("ckpt", "ctl"):
             (self.workdir / sub).mkdir(parents=True)
-        self.slurm = LocalSlurm(nodes=self.nodes, cpus_per_node=max(2, 2 * self.ranks_per_node))
+        # An ended job stays known for an hour: a person requeues it after the on-call delay.
+        self.slurm = LocalSlurm(nodes=self.nodes, cpus_per_node=max(2, 2 * self.ranks_per_node), min_job_age_s=3600)
         try:
             self.slurm.start()
             self._start_services()
@@ -105,7 +109,8 @@ class SlurmJobCluster:
         })
         self.sup = Supervisor(self.workdir, env)
         self.sup.start("stream", "stream")
-        self.sup.start("diagnose", "diagnose", "--set", f"keys.files={demo_key(self.workdir)}")
+        self.sup.start("diagnose", "diagnose", "--detectors", self.detectors, "--set",
+                       f"keys.files={demo_key(self.workdir)}")
         if self.policy == "faultlens":
             self.sup.start("runner", "runner", "--adapter", "slurm", "--execute")
         for node in self.slurm.node_names:
