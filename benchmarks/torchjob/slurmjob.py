@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -240,9 +241,12 @@ exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {sys.executable} {TASK} {self
         self.log.append(f"{time.time():.1f} {by} repaired {node}")
 
     def drained(self) -> dict[str, str]:
-        """{node: reason} of the drained nodes, as ``sinfo -R`` shows them."""
-        out = self.slurm.run(["sinfo", "-h", "-R", "-N", "-o", "%N|%E"], check=False).stdout
-        return {n: r for n, r in (line.split("|", 1) for line in out.splitlines() if "|" in line)}
+        """{node: reason} of the drained nodes, as ``scontrol show node`` says; RuntimeError when Slurm does not
+        answer (on a loaded host a client may time out: never read as "nothing drained")."""
+        from faultlens.diagnosis.runner.adapter_slurm import is_drained, parse_show, reason_text
+
+        out = self.slurm.run(["scontrol", "show", "node", "-o"]).stdout
+        return {f["NodeName"]: reason_text(f) for f in parse_show(out) if "NodeName" in f and is_drained(f)}
 
     def broken(self) -> list[str]:
         return [n for n in self.slurm.node_names if (self.node_dir(n) / "broken").exists()]
@@ -270,6 +274,12 @@ class Person:
         self.handled.discard(node)
 
     def tick(self) -> None:
+        try:
+            self._tick()
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:  # Slurm did not answer: next tick
+            self.cluster.log.append(f"{time.time():.1f} person: {exc}"[:200])
+
+    def _tick(self) -> None:
         c, now = self.cluster, time.time()
         f = c.job_fields()
         state = f.get("JobState", "")
