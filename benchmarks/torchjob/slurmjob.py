@@ -297,7 +297,8 @@ class Person:
         for node, at in list(self.broke_at.items()):
             if node not in self.handled and now >= at + self.human_delay_s:
                 self.handled.add(node)
-                if node not in c.drained():
+                drained_by = c.drained().get(node)
+                if drained_by is None:
                     c.slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                                  "Reason=on-call: GPU fell off the bus"], check=False)
                 f = c.job_fields()
@@ -305,7 +306,10 @@ class Person:
                     for argv in (["scontrol", "requeuehold", c.job], ["scontrol", "update", f"JobId={c.job}",
                                                                      "ReqNodeList="], ["scontrol", "release", c.job]):
                         c.slurm.run(argv, check=False)
-                c.log.append(f"{now:.1f} a person drained {node}, requeued {c.job} (was {f.get('JobState')})")
+                c.log.append(f"{now:.1f} a person came for {node} ("
+                             + (f"drained already: {drained_by}" if drained_by is not None else "drained it")
+                             + (f"; requeued {c.job}, was {f.get('JobState')})" if f.get("JobState") != "RUNNING"
+                                else f"; job {c.job} running)"))
             if node in self.handled and now >= at + self.human_delay_s + self.repair_s:
                 c.repair(node)
                 del self.broke_at[node]
