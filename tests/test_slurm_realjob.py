@@ -4,12 +4,14 @@ benchmarks/torchjob/slurmjob.py: LocalSlurm's four slurmd, ``sbatch --requeue -N
 job (srun -> one torchrun per node), one ``faultlens agent`` per Slurm node, the embedded broker,
 stream processor, online diagnosis and ``faultlens runner --adapter slurm --execute``. The fault is
 the one realjob.py makes for a lost machine: an Xid 79 line in that node's kernel log and a
-SIGKILLed rank. What is asserted is what Slurm and the job's own files then say. ~50 s on 2 cores.
+SIGKILLed rank. What is asserted is what Slurm and the job's own files then say. ~50 s on 2 cores at
+load 6, ~95 s at load 10 (torch's start dominates).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import re
 import sys
@@ -28,7 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.broker,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_a_lost_machine_is_drained_and_the_requeued_job_trains_on_the_healthy_nodes(tmp_path) -> None:
     from benchmarks.torchjob.slurmjob import SlurmJobCluster
 
@@ -36,16 +38,15 @@ def test_a_lost_machine_is_drained_and_the_requeued_job_trains_on_the_healthy_no
     c.start()
     try:
         job = c.submit()
-        warm = c.wait_training(since=0, min_step=7, timeout_s=120)
+        warm = c.wait_training(since=0, min_step=7, timeout_s=180)
         assert warm is not None, (c.workdir / f"slurm-{job}.out").read_text()[-2000:]
         first = c.running_nodes()
         assert len(first) == 3
         victim = first[1]
-        before = c.last_step()
         t_fault = time.time()
         c.lose_machine(victim)
         back = None
-        while time.time() - t_fault < 90 and back is None:
+        while time.time() - t_fault < 150 and back is None:  # torch starting under load: ~20 s at load 6, 60+ at 30
             fields = c.job_fields()
             if int(fields.get("Restarts", 0)) >= 1 and fields.get("JobState") == "RUNNING":
                 back = c.last_step(since=t_fault + 1)
@@ -60,9 +61,10 @@ def test_a_lost_machine_is_drained_and_the_requeued_job_trains_on_the_healthy_no
         ledger = [json.loads(line) for line in (c.workdir / "runner-ledger.jsonl").read_text().splitlines()]
         assert {e.get("step") for e in ledger} >= {f"drain:{victim}", f"requeue:{job}"}
         assert [e["status"] for e in ledger if "status" in e][-1] == "done"
-        # The second attempt resumed from the last checkpoint (every 5 steps), not from step 0.
-        steps = [r for r in c.step_records() if r["ts"] > t_fault]
-        assert steps and 5 <= min(r["step"] for r in steps) <= before[0] + 1
+        # The second attempt resumed from a checkpoint (every 5 steps: it starts at 5k + 1), not from step 0.
+        recs = c.step_records()
+        restarts = [b["step"] for a, b in itertools.pairwise(recs) if b["step"] <= a["step"] and b["ts"] > t_fault]
+        assert restarts and restarts[0] >= 6 and restarts[0] % 5 == 1, restarts
     finally:
         c.stop()
     assert c.slurm.job_pids() == [], "a process of the cluster or the job was left running"
