@@ -25,9 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
 
-def master_port(job: str, restarts: int) -> int:
-    """A rendezvous port of this job and attempt (every node computes the same one)."""
-    return 20000 + (int(job.split("_")[0]) * 131 + restarts * 7) % 20000
+def master_port(base: int, restarts: int) -> int:
+    """The rendezvous port of this attempt (every node computes the same one): the free port the harness
+    found at submission (``FAULTLENS_MASTER_PORT``), one up per requeue. Two clusters on one host both
+    have a job 1: a port from the job id alone collided (EADDRINUSE)."""
+    return 1024 + (base - 1024 + restarts) % (65536 - 1024)
 
 
 def write_topology(work: Path, job: str, nodes: list[str], ranks_per_node: int) -> None:
@@ -63,7 +65,7 @@ def main(argv: list[str]) -> int:
     print(f"{node}: node rank {node_rank} of job {job}, attempt {restarts}", flush=True)
     args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", os.environ["SLURM_NNODES"],
             "--node-rank", str(node_rank), "--nproc-per-node", str(ranks_per_node), "--master-addr", "127.0.0.1",
-            "--master-port", str(master_port(job, restarts)), "--max-restarts", "0", "--log-dir", str(ndir / "tr"),
+            "--master-port", str(master_port(int(os.environ["FAULTLENS_MASTER_PORT"]), restarts)), "--max-restarts", "0", "--log-dir", str(ndir / "tr"),
             "--redirects", "3", "--tee", "3", str(TRAIN), "--ckpt-dir", str(work / "ckpt"), "--ctl",
             str(work / "ctl"), "--data", str(ndir / "data"), *train_args]
     os.execve(sys.executable, args, env)

@@ -150,7 +150,10 @@ class SlurmJobCluster:
 echo "job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
 exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {sys.executable} {TASK} {self.workdir} {args}
 """)
-        env = dict(self.slurm.env, PYTHONPATH=str(REPO), FAULTLENS_RANKS_PER_NODE=str(self.ranks_per_node))
+        from faultlens.datasets.slurm_local import free_ports
+
+        env = dict(self.slurm.env, PYTHONPATH=str(REPO), FAULTLENS_RANKS_PER_NODE=str(self.ranks_per_node),
+                   FAULTLENS_MASTER_PORT=str(free_ports(1)[0]))
         out = self.slurm.run(["sbatch", "--parsable", "--requeue", "-N", str(self.job_nodes), "--ntasks-per-node=1",
                               f"--cpus-per-task={self.ranks_per_node}", "--job-name=train",
                               f"--output={self.workdir / 'slurm-%j.out'}", "--open-mode=append", str(script)],
