@@ -217,7 +217,8 @@ exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {sys.executable} {TASK} {self
             if not name.isdigit():
                 continue
             raw = _read(f"/proc/{name}/environ")
-            if f"FAULTLENS_NODE={node}\0".encode() not in raw or b"\0RANK=" not in raw:
+            # This cluster's ranks only: another cluster on the host has its own node1..node4 (its steps dir differs).
+            if f"FAULTLENS_STEPS_DIR={self.node_dir(node) / 'steps'}\0".encode() not in raw or b"\0RANK=" not in raw:
                 continue
             parent = _ppid(int(name))
             if parent is not None and b"torch.distributed.run" in _read(f"/proc/{parent}/cmdline"):
