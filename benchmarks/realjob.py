@@ -209,7 +209,8 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="example: python benchmarks/realjob.py --quick --workdir /tmp/realjob")
+                                 epilog="examples: python benchmarks/realjob.py --quick --workdir /tmp/realjob; "
+                                        "python benchmarks/realjob.py --slurm --quick (ETTR on a real Slurm)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--smoke", action="store_true", help="one fault, 2 virtual nodes x 1 rank")
     g.add_argument("--quick", action="store_true", help="five faults")
