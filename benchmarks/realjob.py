@@ -14,6 +14,7 @@ kernel log, standing for the hardware that a real machine's kernel would report.
     python benchmarks/realjob.py --smoke   # one fault on 2 virtual nodes x 1 rank (~1 min)
     python benchmarks/realjob.py --quick   # five faults (~8 min on 2 cores)
     python benchmarks/realjob.py           # every fault (~20 min)
+    python benchmarks/realjob.py --slurm --quick  # ETTR on a real Slurm cluster, 3 policies (~8 min)
 
 Right = the action's type is one the fault calls for and it names the faulty machine (an eviction),
 or names none or every machine of the job (a rollback/restart; NaN on every rank: stop-time checks on
@@ -228,14 +229,34 @@ def run_case(c: Cluster, consumer, fault: Fault, idx: int, nodes: list[str]) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="example: python benchmarks/realjob.py --quick --workdir /tmp/realjob")
+                                 epilog="examples: python benchmarks/realjob.py --quick --workdir /tmp/realjob; "
+                                        "python benchmarks/realjob.py --slurm --quick (ETTR on a real Slurm)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--smoke", action="store_true", help="one fault, 2 virtual nodes x 1 rank")
     g.add_argument("--quick", action="store_true", help="five faults")
     ap.add_argument("--faults", help="comma-separated fault names (default: by mode)")
     ap.add_argument("--workdir", default="realjob-run")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (default: removed when all went right)")
+    slurm = ap.add_argument_group("--slurm: ETTR on a real Slurm cluster (benchmarks/torchjob/slurm_ettr.py)")
+    slurm.add_argument("--slurm", action="store_true", help="the job under LocalSlurm: ETTR of faultlens, "
+                       "restart-only and none on one seeded schedule of lost machines")
+    slurm.add_argument("--wall-s", type=float, default=0, help="wall time per policy from the first step "
+                       "(default 420; --quick 120, --smoke 60)")
+    slurm.add_argument("--k-faults", type=int, default=0, help="lost machines per run (default 3; --quick 1)")
+    slurm.add_argument("--seed", type=int, default=1)
+    slurm.add_argument("--human-scale", type=float, default=0, help="multiplies the on-call delay (1,470 s) "
+                       "in a short run (default 1/15; --quick 1/60, --smoke 1/120)")
+    slurm.add_argument("--repair-s", type=float, default=None, help="a broken machine is swapped this long "
+                       "after the person came (default: the scaled on-call delay)")
+    slurm.add_argument("--policies", help="comma-separated subset of faultlens,restart-only,none")
+    slurm.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
+    slurm.add_argument("--slurm-detectors", default="none", help="online diagnosis' --detectors (default none: "
+                       "the nodes share one host's CPUs, a starved rank is not a slow machine; 'auto' turns them on)")
     args = ap.parse_args()
+    if args.slurm:
+        from benchmarks.torchjob.slurm_ettr import run
+
+        return run(args)
     names = (args.faults.split(",") if args.faults else SMOKE if args.smoke else QUICK if args.quick
              else [f.name for f in FAULTS])
     faults = [f for f in FAULTS if f.name in names]

@@ -126,13 +126,14 @@ class LocalSlurm:
     """A Slurm cluster of ``nodes`` virtual nodes (node1..nodeN) on localhost; see the module docstring."""
 
     def __init__(self, nodes: int = 4, *, directory: str | Path | None = None, cpus_per_node: int = 2,
-                 partition: str = "debug"):
+                 partition: str = "debug", min_job_age_s: int = 30):
         reason = unavailable_reason()
         if reason:
             raise SlurmUnavailable(reason)
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
         self.cpus_per_node = cpus_per_node
         self.partition = partition
+        self.min_job_age_s = min_job_age_s  # how long Slurm remembers an ended job (a person may requeue it)
         self._own_dir = directory is None
         # Short: the munge socket path must fit a sockaddr_un (108 bytes).
         self.dir = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="fl-slurm-"))
@@ -198,7 +199,7 @@ MessageTimeout=5
 TCPTimeout=2
 InactiveLimit=0
 KillWait=1
-MinJobAge=30
+MinJobAge={self.min_job_age_s}
 BatchStartTimeout=5
 UnkillableStepTimeout=5
 SchedulerType=sched/backfill

@@ -111,6 +111,24 @@ def test_evict_drains_with_the_incident_and_the_job_runs_again_without_the_node(
     assert again_out.duplicate and cluster.job(job)["Restarts"] == "1"
 
 
+def test_a_job_the_fault_already_ended_is_requeued_without_the_node_and_a_completed_one_is_not(tmp_path,
+                                                                                                  cluster) -> None:
+    # A lost GPU kills the ranks in about a second: the job is FAILED before the eviction comes.
+    died = cluster.sbatch(["--requeue", "-N", "3", "--wrap", "sleep 1; exit 1"])
+    done = cluster.sbatch(["--requeue", "-N", "1", "-w", "node4", "--wrap", "true"])
+    ended = cluster.wait_job(died, lambda f: f.get("JobState") == "FAILED", "failed", timeout_s=40)
+    cluster.wait_job(done, lambda f: f.get("JobState") == "COMPLETED", "completed", timeout_s=40)
+    victim = cluster_nodes(ended["NodeList"])[0]
+    out = _runner(tmp_path, cluster).handle(_value(_action("evict_nodes", (victim,), job=died)))
+    assert out.status.status == "done" and ["scontrol", "requeue", died] in out.status.commands, out.status
+    again = cluster.wait_job(died, lambda f: int(f.get("Restarts", 0)) == 1 and f.get("NodeList") not in ("", "(null)")
+                             and f.get("JobState") in ("RUNNING", "FAILED", "COMPLETING"), "started again", timeout_s=40)
+    assert victim not in cluster_nodes(again["NodeList"])
+    out = _runner(tmp_path, cluster).handle(_value(_action("evict_nodes", ("node4",), job=done)))
+    assert out.status.status == "done" and "not requeued again: it is COMPLETED" in out.status.detail
+    assert cluster.job(done)["Restarts"] == "0"
+
+
 def test_an_action_cut_short_by_a_runner_crash_resumes_without_draining_or_requeueing_twice(tmp_path, cluster) -> None:
     job = cluster.sbatch(["--requeue", "-N", "2", "-w", "node[3-4]", "--wrap", LOOP])
     _running(cluster, job)

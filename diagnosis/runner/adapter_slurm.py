@@ -8,7 +8,7 @@ never by its exit status alone. The job id of an action is the Slurm job id
 
 | action           | what happens |
 |------------------|--------------|
-| evict_nodes      | ``scontrol update NodeName=<n> State=DRAIN Reason="faultlens <incident>: <reason>"`` per node, then ``scontrol requeue <job>`` when the job allows it (``Requeue=1``; runner.slurm_requeue); a job held to a drained node (``ReqNodeList``) is requeued held, freed of that list, released |
+| evict_nodes      | ``scontrol update NodeName=<n> State=DRAIN Reason="faultlens <incident>: <reason>"`` per node, then ``scontrol requeue <job>`` when the job allows it (``Requeue=1``; runner.slurm_requeue) and is running, or ended FAILED/NODE_FAIL on a node drained here (the fault killed it first); a job held to a drained node (``ReqNodeList``) is requeued held, freed of that list, released |
 | restart_job      | ``scontrol requeuehold <job>``, ``scontrol update JobId=<job> ReqNodeList=<its nodes>``, ``scontrol release <job>``: the same nodes |
 | run_diagnostics  | a maintenance reservation ``faultlens_diag_<node>`` holds the node, a node drained by faultlens is resumed under it, and ``sbatch`` runs the check there (polled until it ends) (runner.diagnostics_command, else ``dcgmi diag -r 1`` where DCGM exists, else a CPU/memory/disk check); exit 0: the reservation goes and the node takes work again; else it is drained "faultlens <incident>: diagnostics failed" |
 | notify           | none: only the status |
@@ -254,7 +254,12 @@ class SlurmAdapter:
             return CarriedOut(True, "; ".join([*said, f"job {job} not requeued: it says Requeue="
                                                       f"{before.get('Requeue')} (sbatch --no-requeue); it runs on "
                                                       "until it ends or a person acts"]))
-        if session.done(f"requeue:{job}") or before.get("JobState") not in ("RUNNING", "SUSPENDED", "CONFIGURING"):
+        state = before.get("JobState", "")
+        # A job the fault already ended (its ranks died with the machine: FAILED, or NODE_FAIL) goes again
+        # too when it ran on a node drained here; one that ended otherwise (completed, cancelled) stays ended.
+        ended_by_it = state in ENDED_BY_FAULT and bool(set(expand_nodes(before.get("NodeList", ""))) & set(nodes))
+        if session.done(f"requeue:{job}") or (state not in ("RUNNING", "SUSPENDED", "CONFIGURING")
+                                              and not ended_by_it):
             return CarriedOut(True, "; ".join([*said, f"job {job} not requeued again: it is "
                                                       f"{before.get('JobState')} (Restarts={before.get('Restarts')})"]))
         held = set(expand_nodes(before.get("ReqNodeList", ""))) & set(nodes)
@@ -270,7 +275,7 @@ class SlurmAdapter:
                 return CarriedOut(False, "; ".join([*said, f"{argv[1]} {job}: Slurm refused: {res.message}"]))
         after = self._job(session, job, "after requeue") or {}
         session.mark(f"requeue:{job}")
-        if after.get("Restarts") == before.get("Restarts") and after.get("JobState") == "RUNNING":
+        if after.get("Restarts") == before.get("Restarts") and after.get("JobState") in ("RUNNING", state):
             return CarriedOut(False, "; ".join([*said, f"requeue {job}: Slurm accepted it but the job still reads "
                                                        f"RUNNING, Restarts={after.get('Restarts')}"]))
         return CarriedOut(True, "; ".join([*said, f"requeued {job} (was {before.get('JobState')} on "
@@ -392,6 +397,7 @@ class SlurmAdapter:
         return False, f"{node}: diagnostics failed ({summary}); stays drained, State={after.get('State')}{rma}"
 
 
+ENDED_BY_FAULT = frozenset({"FAILED", "NODE_FAIL"})
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                       "DEADLINE", "PREEMPTED"})
 
