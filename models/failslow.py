@@ -307,6 +307,10 @@ class FailSlowDetector:
             steps = int(np.max(job.run_len[ri]))
             others = np.array([n != node for n in res.nodes])
             peer_ratio = float(np.nanmedian(res.ratio[others])) if others.any() else math.nan
+            if math.isfinite(peer_ratio) and residual <= peer_ratio:
+                # No slower than its peers at this very step (a real CPU job under load: residual 1.26,
+                # peers 1.29, and a healthy node drained): not now; a machine that is slow stays slow.
+                continue
             wait_inc = math.nan
             if job.wait_base and np.isfinite(res.comm_s[others]).any():
                 wait_inc = float(np.nanmedian(res.comm_s[others]) - np.median(job.wait_base))
