@@ -126,11 +126,11 @@ class DiagnosisConfig:
     # counted 22-32 false job hangs on a fleet without faults). 0: call at once. The demo scales it by
     # its --speed (its clock runs that much faster than the wall clock).
     hang_dwell_s: float = 30.0
-    # Online: an eviction whose newest evidence is older than this (wall clock) becomes a notify with the
-    # reason "stale": a pipeline that fell behind does not evict on what it saw minutes ago. 0: off (the
-    # default until the tests and benchmarks that replay old timestamps through online engines set it;
-    # 60 is the setting for a live fleet).
-    max_evidence_age_s: float = 0.0
+    # The live service (`faultlens diagnose` online): an eviction whose newest evidence is older than this
+    # (wall clock) becomes a notify with the reason "stale", every action carries the bound, and the runner
+    # refuses an action once its evidence's age plus its own passes it. Batch and replayed input are never
+    # judged by it. 0: off (tests and benchmarks that feed the live service old timestamps).
+    max_evidence_age_s: float = 60.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off

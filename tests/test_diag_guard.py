@@ -266,9 +266,11 @@ def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
     from faultlens.config import DiagnosisConfig
 
     job = _job("s4", 8)
-    assert DiagnosisConfig().max_evidence_age_s == 0.0  # off by default, for now (see faultlens/config.py)
-    for age_s, limit, expect in ((120.0, 60.0, "notify"), (2.0, 60.0, "evict_nodes"), (120.0, 0.0, "evict_nodes")):
-        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)))  # online
+    assert DiagnosisConfig().max_evidence_age_s == 60.0
+    cases = ((120.0, 60.0, True, "notify"), (2.0, 60.0, True, "evict_nodes"), (120.0, 0.0, True, "evict_nodes"),
+             (120.0, 60.0, False, "evict_nodes"))  # not the live service's engine: replayed input is never stale
+    for age_s, limit, live, expect in cases:
+        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)), wall_clock_dwell=live)
         engine.set_topology(msgspec.structs.replace(job.record, ts=time.time() - 600))
         now = time.time()
         out = [o for o in run_records(engine, [_xid(job.nodes[0], now - age_s)]) + engine.tick(now)
@@ -276,5 +278,9 @@ def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
         assert [a.type for a in out] == [expect], (age_s, limit, out)
         inc = next(iter(engine.book.incidents.values()))
         assert (inc.suppressed_counts == {"stale": 1}) == (expect == "notify")
+        # every decision carries its evidence's age, the engine's lag and the window it was judged by
+        assert out[0].evidence_age_s is not None and age_s - 1 < out[0].evidence_age_s < age_s + 30
+        assert out[0].consumer_lag_s is not None and out[0].consumer_lag_s <= out[0].evidence_age_s + 1  # event time then
+        assert out[0].evidence_window_s == (limit if live else 0.0)
         if expect == "notify":
             assert "stale: the newest evidence is 1" in out[0].reason
