@@ -191,6 +191,9 @@ class RetentionConfig:
     # Per table, overriding both: "TABLE=DAYS" or "TABLE=DAYS:GB" (e.g. "gpu=7:500", "gpu_1m=90").
     tables: tuple[str, ...] = ()
     lock_wait_s: float = 30.0  # how long a drop waits for the explorer's queries to finish before it skips
+    # The processor's de-duplication marks (_seq/): folded into one file each round; a restarted agent's
+    # older epochs are forgotten once no commit touched them for this long (resends reach 10 min back).
+    seq_keep_s: float = 86_400.0
 
 
 @dataclass(frozen=True)
