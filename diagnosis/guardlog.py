@@ -282,7 +282,7 @@ class LocalGuardLog:
     """The guard log of one process; with ``path``, a JSON-lines file appended per event (fsynced),
     replayed at start and re-read by ``refresh`` (a reset written by ``faultlens guard reset``).
 
-    Bounded: past twice what the last compaction left plus ``COMPACT_SLACK`` events, the file is
+    Bounded: at start, and past twice what the last compaction left plus ``COMPACT_SLACK`` events, the file is
     rewritten to what the fold still needs (``compact``): every event from the first claim inside
     the caps' look-back (two hours of event time, as ``GuardBook`` keeps) on, the last
     ``MAX_RESETS`` resets before it (``guard status`` lists them), and a trip for each breaker
@@ -302,6 +302,8 @@ class LocalGuardLog:
         self.bad_lines = 0
         self.refresh()
         self._compacted = self._events
+        if self._events:  # a start rewrites the file to what the fold still needs
+            self.compact()
 
     def refresh(self) -> None:
         if self.path is None or not self.path.exists():

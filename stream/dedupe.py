@@ -148,7 +148,7 @@ class SeqLedger:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".s-{commit_id}.json.tmp"
         with open(tmp, "w") as f:
-            json.dump({"marks": rows, "topics": topic_ids}, f, separators=(",", ":"))
+            f.write(json.dumps({"marks": rows, "topics": topic_ids}, separators=(",", ":")))  # json.dump to a file: ~10x slower
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / f"s-{commit_id}.json")
@@ -242,9 +242,9 @@ def compact_seq_files(lake_root: Path, committed: set[str], *, now: float, keep_
     report.keys_kept, report.keys_dropped = len(kept), len(marks) - len(kept)
     tmp = d / f".s-{newest}.json.tmp"
     with open(tmp, "w") as f:
-        json.dump({"marks": [[n, e, k, *marks[(n, e, k)].to_list()] for n, e, k in sorted(kept)],
+        f.write(json.dumps({"marks": [[n, e, k, *marks[(n, e, k)].to_list()] for n, e, k in sorted(kept)],
                    "topics": topic_ids,
-                   "touched": {f"{n}\t{e}\t{k}": touched[(n, e, k)] for n, e, k in kept}}, f, separators=(",", ":"))
+                   "touched": {f"{n}\t{e}\t{k}": touched[(n, e, k)] for n, e, k in kept}}, separators=(",", ":")))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, files[newest])
