@@ -448,7 +448,7 @@ class DiagnosisEngine:
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
         newest = max((float(e.get("ts") or 0.0) for e in inc.evidence), default=None)  # online: its age on the wall clock
-        live = self.mode.name == "online"
+        live = self.mode.name == "online" and self.settings.live
         wall = time.time()
         evidence_age_s = round(wall - newest, 3) if newest and live else None
         lag_s = round(max(0.0, wall - st.now), 3) if live and st.now else None  # event time behind the wall clock

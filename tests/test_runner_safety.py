@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import msgspec
 import orjson
 import pytest
 
@@ -180,7 +181,7 @@ def test_an_action_older_than_its_evidence_window_is_refused(tmp_path, rec) -> N
     runner = _runner(tmp_path, adapter="command", hook_command="hook {action}")
 
     def judged(id_: str, *, evidence_age_s: float | None, sent_s_ago: float, type_: str = "restart_job") -> str:
-        a = dataclasses.replace(_action(id_, type_=type_, nodes=(), ts=time.time() - sent_s_ago),
+        a = msgspec.structs.replace(_action(id_, type_=type_, nodes=(), ts=time.time() - sent_s_ago),
                                 evidence_age_s=evidence_age_s, evidence_window_s=60.0)
         status = runner.handle(_signed(a)).status
         assert status is not None
@@ -191,4 +192,4 @@ def test_an_action_older_than_its_evidence_window_is_refused(tmp_path, rec) -> N
     assert late.startswith("refused: stale evidence: the newest evidence is 70 s old"), late
     assert judged("act-batch", evidence_age_s=None, sent_s_ago=20.0) == "done"  # batch: no age, no bound
     assert judged("act-note", evidence_age_s=50.0, sent_s_ago=20.0, type_="notify").startswith("done")
-    assert recorded(rec) == [["hook", "act-fresh"], ["hook", "act-batch"]]
+    assert recorded(rec) == [["hook", "act-fresh"], ["hook", "act-batch"], ["hook", "act-note"]]  # notify: the hook tells
