@@ -134,8 +134,9 @@ class Ledger:
     Bounded: an id whose last entry is older than ``keep_s`` and that is neither in flight nor pending
     is forgotten (a redelivery of it is older than ``runner.max_action_age_s`` by then, and refused
     as stale), executions older than ``executions_keep_s`` too (the caps look back an hour); the file
-    is rewritten to what is left (temporary file, fsync, rename) at start and whenever it holds more
-    than twice what the last compaction left plus ``COMPACT_SLACK`` lines."""
+    is rewritten to what is left (temporary file, fsync, rename) at start, on a write ``keep_s`` after
+    the last rewrite, and whenever it holds more than twice what the last rewrite left plus
+    ``COMPACT_SLACK`` lines."""
 
     COMPACT_SLACK = 1000
 
@@ -153,6 +154,7 @@ class Ledger:
         self.executions: list[Execution] = []  # what was carried out, for the runner's caps
         self._lines = 0  # entries in the file (live and forgettable)
         self._compacted_lines = 0  # entries left by the last compaction
+        self._compacted_at = clock()  # when: a quiet ledger is compacted once per keep_s as well
         self.compactions = 0
         if self.path is not None and self.path.exists():
             try:
@@ -239,13 +241,14 @@ class Ledger:
                 f.flush()
                 os.fsync(f.fileno())
             self._lines += 1
-            if self._lines > 2 * self._compacted_lines + self.COMPACT_SLACK:
+            if self._lines > 2 * self._compacted_lines + self.COMPACT_SLACK or (
+                    self.keep_s > 0 and entry["ts"] - self._compacted_at > self.keep_s):
                 self.compact()
 
     def compact(self) -> int:
         """Forget what no redelivery can need any more and rewrite the file to the rest; returns the
         number of action ids forgotten."""
-        now = self.clock()
+        now = self._compacted_at = self.clock()
         forgotten = []
         if self.keep_s > 0:
             forgotten = [a for a, ts in self._last_ts.items()
