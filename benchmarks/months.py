@@ -178,12 +178,15 @@ def lake_rows(lake: Path, table: str, day: float) -> int:
 def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a sample every simulated hour")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 8 nodes, 10 days, --quick's sampling, faults x50 (tests)")
     ap.add_argument("--days", type=int, default=90)
     ap.add_argument("--nodes", type=int, default=NODES)
     ap.add_argument("--fault-scale", type=float, default=1.0, help="multiply the campaign's fault rates")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--dir", default="", help="work directory (default: a temporary one, removed)")
     args = ap.parse_args()
+    if args.smoke:
+        args.quick, args.days, args.nodes, args.fault_scale = True, 10, 8, 50.0  # faults: ~17 in 10 days
     logging.getLogger("faultlens").setLevel(logging.ERROR)  # the runner's refusals are counted below
     every_s = 3600.0 if args.quick else 300.0
     round_h = 12 if args.quick else 1  # the agents deliver and the processor commits once a round
@@ -346,7 +349,7 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
           f"stale sent {counts['stale_sent']}, executed {counts['stale_actions_executed']}; restarts: agents "
           f"{counts['agent_restarts']}, processor {counts['processor_restarts']}, diagnosis "
           f"{counts['diagnosis_restarts']}, runner {counts['runner_restarts']}; {wall_s:.0f} s wall, {cpu_s:.0f} s CPU")
-    result = {"bench": "months", "quick": args.quick, "nodes": len(nodes), "days": args.days,
+    result = {"bench": "months", "quick": args.quick, "smoke": args.smoke, "nodes": len(nodes), "days": args.days,
               "growth_after_window": {s: round(g, 4) for s, g in growth.items()},
               "flat": all(growth[s] <= 0.05 for s in STORES),
               "steady_bytes_per_node": per_node, "lake_bytes_per_node_day": lake_per_node_day,
