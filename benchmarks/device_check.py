@@ -169,7 +169,7 @@ def _agent_end_to_end(report: dict[str, Any], seconds: float, kernel_log: str = 
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap, linger_ms=0)
         ensure_topics(bus)
-        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="device-check"),
+        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="device-check", max_evidence_age_s=0),
                         guard=GuardConfig(max_evicted_fraction=1.0))
         service = DiagnosisService(config, bootstrap=broker.bootstrap, poll_timeout_ms=20, from_beginning=True).start()
         topo = Topology.packed(tp=8, pp=1, dp=2, gpus_per_node=8, job="device-check", node_fmt="gpu-node-{:d}")

@@ -141,7 +141,7 @@ def online_latency(trials: int, *, through_agent: bool = False) -> dict:
     lat = []
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="bench", linger_ms=0)
-        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="bench-diag"),
+        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="bench-diag", max_evidence_age_s=0),
                         guard=GuardConfig(max_evictions_per_job_per_hour=10_000, storm_nodes=10_000,
                                           max_evicted_fraction=1.0))
         ensure_topics(bus, broker.bootstrap)

@@ -515,7 +515,7 @@ def _online_fleet(jobs: int, xids: int, cap: int, instances: int) -> tuple[int, 
     fleet, records = _fleet_records(jobs, xids, minutes=26.0 * xids / 80)
     with EmbeddedBroker() as broker:
         bus = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="redteam", linger_ms=5)
-        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="redteam-diag"),
+        config = Config(bus=bus, diagnosis=DiagnosisConfig(group_id="redteam-diag", max_evidence_age_s=0),
                         guard=GuardConfig(max_evictions_fleet_per_hour=cap, storm_nodes=10_000))
         ensure_topics(bus)
         with Producer(bus) as producer:

@@ -109,7 +109,7 @@ def _config(args: argparse.Namespace) -> Any:
         key = Path(f"{key}.pub")  # the runner verifies with the public half; diagnosis signs with the private
     keys = KeysConfig(files=(str(key),)) if key.exists() else KeysConfig()
     # The runner's own caps are not what this measures: every eviction is expected to run.
-    diag = DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path="",
+    diag = DiagnosisConfig(group_id=f"{args.prefix}-diag", catalog_path="", max_evidence_age_s=0,  # fleetgen: fixed T0
                            consumer=os.environ.get("SCALEOUT_CONSUMER", "auto"),
                            membership=os.environ.get("SCALEOUT_MEMBERSHIP", "auto"),
                            producer=os.environ.get("SCALEOUT_PRODUCER", "auto"))

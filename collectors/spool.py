@@ -22,6 +22,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ class Spool:
         self._counts: dict[int, int] = {}
         self._cursor = self._read_cursor()
         self._writer: Any = None
+        self._active_since = time.time()  # when the segment appended to was started (or this process began)
+        self._roll = False  # the next append starts a new segment (drop_older_than: a window of sent records)
         self._cut_torn_tail()
 
     def _cut_torn_tail(self) -> None:
@@ -139,8 +142,9 @@ class Spool:
             self._enforce_bound()
 
     def _write(self, data: builtins.bytes, n: int) -> None:
-        if not self._segments or self._sizes[self._segments[-1]] >= self.segment_bytes:
+        if not self._segments or self._sizes[self._segments[-1]] >= self.segment_bytes or self._roll:
             seg = (self._segments[-1] + 1) if self._segments else max(1, self._cursor[0])
+            self._roll, self._active_since = False, time.time()
             if self._writer is not None:
                 self._writer.close()
             self._segments.append(seg)
@@ -246,8 +250,12 @@ class Spool:
 
     def drop_older_than(self, wall_ts: float) -> int:
         """Delete whole segments last written before ``wall_ts`` (never the one being written);
-        the retained log of sent records (``Delivery``) keeps a time window this way. Returns records dropped."""
+        the retained log of sent records (``Delivery``) keeps a time window this way, and a segment
+        being written that was started before ``wall_ts`` is closed (the next append starts another),
+        so a quiet node's window does not wait for a full segment. Returns records dropped."""
         with self._lock:
+            if self._segments and self._active_since < wall_ts and self._sizes.get(self._segments[-1], 0) > 0:
+                self._roll = True
             dropped = 0
             while len(self._segments) > 1:
                 seg = self._segments[0]

@@ -272,7 +272,7 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
     job = rendered.job
     prefix = f"ettr{batch.seed}{batch.kind.replace('_', '')}"
     bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix, linger_ms=5)
-    cfg = replace(config or Config(), bus=bus, diagnosis=DiagnosisConfig(group_id=f"{prefix}-diag"))
+    cfg = replace(config or Config(), bus=bus, diagnosis=DiagnosisConfig(group_id=f"{prefix}-diag", max_evidence_age_s=0))
     ensure_topics(bus, bootstrap)
     t0 = time.perf_counter()
     service = DiagnosisService(cfg, bootstrap=bootstrap, detectors=default_detectors(), from_beginning=True).start()

@@ -448,10 +448,14 @@ class DiagnosisEngine:
         job_nodes = len(job.nodes) if job and job.nodes else max(1, len(decision.nodes))
         inc.decided.add(decision.type)
         newest = max((float(e.get("ts") or 0.0) for e in inc.evidence), default=None)  # online: its age on the wall clock
+        live = self.mode.name == "online" and self.settings.live
+        wall = time.time()
+        evidence_age_s = round(wall - newest, 3) if newest and live else None
+        lag_s = round(max(0.0, wall - st.now), 3) if live and st.now else None  # event time behind the wall clock
+        window_s = self.settings.max_evidence_age_s
         verdict = st.guard.check(decision, job=inc.job, now=st.now, job_nodes=job_nodes, log=self.guard_log,
                                  claim_id=output_id("act", inc.id, decision.type), retry=retry,
-                                 evidence_age_s=time.time() - newest if newest and self.mode.name == "online" else None,
-                                 max_evidence_age_s=self.config.diagnosis.max_evidence_age_s)
+                                 evidence_age_s=evidence_age_s, max_evidence_age_s=window_s)
         decision = verdict.asked or decision  # made job-level when it named no machine (diagnosis.guard)
         inc.decided.add(decision.type)
         for reason, text in verdict.suppressed:
@@ -480,6 +484,7 @@ class DiagnosisEngine:
             nodes=list(d.nodes), suspects=list(inc.record().suspects), evidence=list(inc.evidence[:20]),
             confidence=round(d.confidence, 4), dry_run=self.config.guard.dry_run,
             reason=d.reason + (f" [guard: {'; '.join(verdict.notes)}]" if verdict.notes else ""), plan=d.plan,
+            evidence_age_s=evidence_age_s, consumer_lag_s=lag_s, evidence_window_s=window_s,
         )
         inc.actions.append(action.id)
         inc.dirty = True

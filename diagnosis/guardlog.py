@@ -38,6 +38,7 @@ refuses the eviction (fail closed) with reason ``guard_unavailable``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
@@ -75,6 +76,7 @@ SUPPRESSION_REASONS = ("duplicate", "confidence", "job_cap", "fleet_cap", "break
                        "runner_refused", "stale")
 MAX_VERDICTS = 20_000  # claim ids remembered for replays (oldest forgotten first)
 MAX_RESETS = 50
+MAX_SEEN = 200_000  # event ids remembered: a compacted file or a re-read topic folds nothing twice
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class GuardBook:
         self.verdicts: dict[str, ClaimVerdict] = {}
         self.resets: list[dict[str, Any]] = []
         self.counts: dict[str, int] = {"claims": 0, "granted": 0, "refused": 0, "resets": 0, "trips": 0}
-        self._seen: set[str] = set()
+        self._seen: dict[str, None] = {}  # event ids folded, oldest first (MAX_SEEN kept)
         self._newest_ts = 0.0
 
     def apply(self, event: dict[str, Any]) -> None:
@@ -110,7 +112,9 @@ class GuardBook:
         eid = str(event.get("eid", ""))
         if not eid or eid in self._seen:
             return
-        self._seen.add(eid)
+        self._seen[eid] = None
+        if len(self._seen) > MAX_SEEN:
+            del self._seen[next(iter(self._seen))]
         kind = event.get("type")
         if kind == "claim":
             self._claim(event)
@@ -276,25 +280,45 @@ def reset_event(scope: str, *, job: str = "", by: str = "", reason: str = "") ->
 
 class LocalGuardLog:
     """The guard log of one process; with ``path``, a JSON-lines file appended per event (fsynced),
-    replayed at start and re-read by ``refresh`` (a reset written by ``faultlens guard reset``)."""
+    replayed at start and re-read by ``refresh`` (a reset written by ``faultlens guard reset``).
+
+    Bounded: at start, and past twice what the last compaction left plus ``COMPACT_SLACK`` events, the file is
+    rewritten to what the fold still needs (``compact``): every event from the first claim inside
+    the caps' look-back (two hours of event time, as ``GuardBook`` keeps) on, the last
+    ``MAX_RESETS`` resets before it (``guard status`` lists them), and a trip for each breaker
+    still open that those would not re-open. Appends and the rewrite hold ``<path>.lock``; a reader
+    that finds a new file reads it from its start (events it has folded are skipped by id)."""
+
+    COMPACT_SLACK = 2000
 
     def __init__(self, config: GuardConfig, path: str | os.PathLike[str] = ""):
         self.book = GuardBook(config)
         self.path = Path(path) if path else None
         self._read_bytes = 0
+        self._inode = 0
+        self._events = 0  # events in the file as read
+        self._compacted = 0  # events the last compaction left
+        self.compactions = 0
         self.bad_lines = 0
         self.refresh()
+        self._compacted = self._events
+        if self._events:  # a start rewrites the file to what the fold still needs
+            self.compact()
 
     def refresh(self) -> None:
         if self.path is None or not self.path.exists():
             return
         with self.path.open("rb") as f:
+            inode = os.fstat(f.fileno()).st_ino
+            if inode != self._inode:  # compacted (by this process or another): read the new file whole
+                self._inode, self._read_bytes, self._events = inode, 0, 0
             f.seek(self._read_bytes)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a half-written last line waits for its end
         for line in data[:end].splitlines():
             if not line.strip():
                 continue
+            self._events += 1
             try:
                 event = orjson.loads(line)
                 if isinstance(event, dict):
@@ -310,17 +334,81 @@ class LocalGuardLog:
         self.refresh()
         return True
 
+    def _locked(self) -> Any:
+        """An exclusive lock on ``<path>.lock`` for an append or a rewrite (closing the file frees it)."""
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path.with_name(self.path.name + ".lock"), "ab")  # noqa: SIM115 - closed by the caller's with
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        return f
+
     def _append(self, event: dict[str, Any]) -> None:
         if self.path is not None:
-            self.refresh()  # another process's events first: the file is the order
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("ab") as f:
-                f.write(orjson.dumps(event) + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            self.refresh()
+            with self._locked():
+                self.refresh()  # another process's events first: the file is the order
+                with self.path.open("ab") as f:
+                    f.write(orjson.dumps(event) + b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                self.refresh()
+                if self._events > 2 * self._compacted + self.COMPACT_SLACK:
+                    self._compact_locked()
         else:
             self.book.apply(event)
+
+    def compact(self) -> bool:
+        """Rewrite the file to what the fold still needs; False when there is no file or the rewrite
+        would fold differently (then it is left as it is, and said)."""
+        if self.path is None or not self.path.exists():
+            return False
+        with self._locked():
+            self.refresh()
+            return self._compact_locked()
+
+    def _compact_locked(self) -> bool:
+        assert self.path is not None
+        events = []
+        for line in self.path.read_bytes().splitlines():
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        horizon = self.book._newest_ts - 2 * HOUR_S
+        start = next((i for i, e in enumerate(events) if e.get("type") == "claim" and float(e.get("ts") or 0.0) >= horizon),
+                     len(events))
+        head = [e for e in events[:start] if e.get("type") == "reset"][-MAX_RESETS:]
+        kept = events[start:]
+        again = _fold(self.book.config, head + kept)
+        trips = [t for t in self.book.open_breakers()
+                 if (t["scope"] == "fleet" and again.fleet_breaker is None)
+                 or (t["scope"] == "job" and t["job"] not in again.job_breakers)]
+        out = head + trips + kept
+        if trips:
+            again = _fold(self.book.config, out)
+        if _view(again) != _view(self.book):
+            log.error("guard log %s: a compaction would fold differently; the file is kept whole", self.path)
+            self._compacted = self._events
+            return False
+        tmp = self.path.with_name(self.path.name + ".compact")
+        with tmp.open("wb") as f:
+            f.write(b"".join(orjson.dumps(e) + b"\n" for e in out))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for t in trips:
+            self.book._seen[t["eid"]] = None
+        st = self.path.stat()
+        self._inode, self._read_bytes, self._events = st.st_ino, st.st_size, len(out)
+        self._compacted = len(out)
+        self.compactions += 1
+        return True
 
     def claim(self, claim_id: str, *, job: str, nodes: Iterable[str], ts: float, job_nodes: int) -> ClaimVerdict:
         if claim_id in self.book.verdicts:
@@ -332,6 +420,19 @@ class LocalGuardLog:
         event = reset_event(scope, job=job, by=by, reason=reason)
         self._append(event)
         return event
+
+
+def _fold(config: GuardConfig, events: list[dict[str, Any]]) -> GuardBook:
+    book = GuardBook(config)
+    for e in events:
+        book.apply(e)
+    return book
+
+
+def _view(book: GuardBook) -> tuple[Any, ...]:
+    """What a compaction must keep: the open breakers and the evictions the caps still count."""
+    st = book.status()
+    return (book.fleet_breaker is not None, sorted(book.job_breakers), st["evicted_last_hour"], st["newest_claim_ts"])
 
 
 class KafkaGuardLog:

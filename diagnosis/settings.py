@@ -52,6 +52,11 @@ class EngineSettings:
     nan_settle_s: float  # NaN loss: wait this long (and 3 median steps) for the other ranks
     exception_settle_s: float  # a user exception: wait this long for the other ranks' tracebacks
     notify_delay_s: float  # a held notification goes out after this long if nothing stronger came
+    # The live service only: its decisions carry their evidence's age and the engine's lag, and are
+    # judged by [diagnosis] max_evidence_age_s (0: off); engines built otherwise (batch, replays, tests
+    # of recorded input) carry neither and judge no evidence stale.
+    live: bool = False
+    max_evidence_age_s: float = 0.0
 
     @classmethod
     def from_config(cls, config: Config, steps: Mapping[str, float], *, wall_clock_dwell: bool = False) -> EngineSettings:
@@ -66,4 +71,5 @@ class EngineSettings:
             stacks_wait_s=_need(steps, "stacks_wait_s"), answered_wait_s=_need(steps, "stacks_answered_wait_s"),
             dwell_s=d.hang_dwell_s if wall_clock_dwell else 0.0)
         return cls(hang=hang, nan_settle_s=_need(steps, "nan_settle_s"),
-                   exception_settle_s=_need(steps, "exception_settle_s"), notify_delay_s=_need(steps, "notify_delay_s"))
+                   exception_settle_s=_need(steps, "exception_settle_s"), notify_delay_s=_need(steps, "notify_delay_s"),
+                   live=wall_clock_dwell, max_evidence_age_s=d.max_evidence_age_s if wall_clock_dwell else 0.0)

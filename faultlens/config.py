@@ -131,11 +131,11 @@ class DiagnosisConfig:
     # settle and grace times must still end (benchmarks/realjob.py: an exception's rollback waited for ever).
     # A backlog being drained is never quiet. 0: event time only.
     idle_clock_after_s: float = 2.0
-    # Online: an eviction whose newest evidence is older than this (wall clock) becomes a notify with the
-    # reason "stale": a pipeline that fell behind does not evict on what it saw minutes ago. 0: off (the
-    # default until the tests and benchmarks that replay old timestamps through online engines set it;
-    # 60 is the setting for a live fleet).
-    max_evidence_age_s: float = 0.0
+    # The live service (`faultlens diagnose` online): an eviction whose newest evidence is older than this
+    # (wall clock) becomes a notify with the reason "stale", every action carries the bound, and the runner
+    # refuses an action once its evidence's age plus its own passes it. Batch and replayed input are never
+    # judged by it. 0: off (tests and benchmarks that feed the live service old timestamps).
+    max_evidence_age_s: float = 60.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     webhook_url: str = ""  # Alertmanager-compatible webhook for incidents; empty: off
@@ -196,6 +196,9 @@ class RetentionConfig:
     # Per table, overriding both: "TABLE=DAYS" or "TABLE=DAYS:GB" (e.g. "gpu=7:500", "gpu_1m=90").
     tables: tuple[str, ...] = ()
     lock_wait_s: float = 30.0  # how long a drop waits for the explorer's queries to finish before it skips
+    # The processor's de-duplication marks (_seq/): folded into one file each round; a restarted agent's
+    # older epochs are forgotten once no commit touched them for this long (resends reach 10 min back).
+    seq_keep_s: float = 86_400.0
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ Families (every name starts with ``faultlens_``; label names in braces):
 | messages_produced  | faultlens_messages_produced_total{topic} | counter | agent, diagnosis, runner |
 | messages_consumed  | faultlens_messages_consumed_total{topic} | counter | stream, diagnosis, runner |
 | consumer_lag       | faultlens_consumer_lag_messages{topic,partition} | gauge | consumers, via observe_consumer_lag |
+| consumer_lag_s     | faultlens_consumer_lag_seconds                   | gauge | diagnosis: wall clock - event time  |
 | rows_written       | faultlens_lake_rows_written_total{table} | counter | stream processor |
 | dead_letters       | faultlens_dead_letters_total{topic,reason} | counter | whoever dead-letters |
 | parse_failures     | faultlens_parse_failures_total{source}   | counter | agent parsers (kernel, nccl, steps, stacks) |
@@ -80,6 +81,10 @@ class ServiceMetrics:
         self.consumer_lag = Gauge("faultlens_consumer_lag_messages",
                                   "Messages between this consumer's position and the end of the partition.",
                                   ["topic", "partition"], registry=r)
+        self.consumer_lag_s = Gauge("faultlens_consumer_lag_seconds",
+                                    "Diagnosis: how far its event time is behind the wall clock (the partition "
+                                    "most behind); past [diagnosis] max_evidence_age_s no eviction is taken.",
+                                    registry=r)
         self.rows_written = Counter("faultlens_lake_rows_written", "Rows written to the Parquet lake.",
                                     ["table"], registry=r)
         self.dead_letters = Counter("faultlens_dead_letters", "Messages dead-lettered, by reason.",

@@ -271,6 +271,13 @@ class Action(_Record, frozen=True):
     dry_run: bool = True
     reason: str = ""
     plan: dict[str, Any] | None = None  # adapt_parallelism: the chosen plan and options
+    # Online: how old (wall clock) the incident's newest evidence was when this was decided, how far the
+    # engine's event time was behind the wall clock then (its consumer lag), and the bound both were judged
+    # by ([diagnosis] max_evidence_age_s): the runner refuses the action once age + its own age pass it.
+    # None / 0: batch or replayed input, no bound.
+    evidence_age_s: float | None = None
+    consumer_lag_s: float | None = None
+    evidence_window_s: float = 0.0
     v: Int64 = SCHEMA_VERSION
 
 

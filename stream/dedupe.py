@@ -148,7 +148,7 @@ class SeqLedger:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".s-{commit_id}.json.tmp"
         with open(tmp, "w") as f:
-            json.dump({"marks": rows, "topics": topic_ids}, f, separators=(",", ":"))
+            f.write(json.dumps({"marks": rows, "topics": topic_ids}, separators=(",", ":")))  # json.dump to a file: ~10x slower
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / f"s-{commit_id}.json")
@@ -176,3 +176,80 @@ class SeqLedger:
             except (OSError, ValueError, TypeError, AttributeError) as exc:
                 log.warning("%s: unreadable de-duplication marks (%s); their records may be kept twice", path, exc)
         return out
+
+
+def commit_time_s(commit_id: str) -> float:
+    """When a processor commit was made: its id starts with the time in hex ns (stream/processor.py)."""
+    try:
+        return int(commit_id[:-8], 16) / 1e9
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class SeqCompaction:
+    files_in: int = 0
+    files_removed: int = 0
+    keys_kept: int = 0
+    keys_dropped: int = 0
+
+
+def compact_seq_files(lake_root: Path, committed: set[str], *, now: float, keep_s: float = 86_400.0) -> SeqCompaction:
+    """Fold every committed ``_seq`` file into one (named by the newest commit: ``load`` merges the
+    union, so the fold reads the same) and forget what no resend can need any more.
+
+    A key (node, agent epoch, kind) is kept when it is its node's and kind's newest epoch, or a commit
+    touched it within ``keep_s`` (an agent resends ``agent.resend_window_s`` back, its spool what the
+    broker never took: both far shorter); an older epoch of a restarted agent is dropped. Files of
+    commits older than the newest that the manifest does not hold (a crash between the file and its
+    manifest) go too; a file newer than the newest committed one (a commit in flight) is left alone.
+    The snapshot is written first (temporary file, fsync, rename), then the folded files removed: a
+    crash between leaves files whose union is the same."""
+    report = SeqCompaction()
+    d = lake_root / SEQ_DIR
+    if not d.is_dir():
+        return report
+    files = {p.stem[2:]: p for p in d.glob("s-*.json")}
+    done = sorted(c for c in files if c in committed)
+    if not done:
+        return report
+    newest = done[-1]
+    marks: dict[Key, Mark] = {}
+    touched: dict[Key, float] = {}
+    topic_ids: dict[str, str] = {}
+    for commit_id in done:
+        try:
+            doc = json.loads(files[commit_id].read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable de-duplication marks (%s); kept as it is", files[commit_id], exc)
+            return report
+        if isinstance(doc, list):
+            doc = {"marks": doc}
+        if doc.get("topics"):
+            topic_ids = {str(k): str(v) for k, v in doc["topics"].items()}
+        # a snapshot keeps each key's own last-touch time; a commit's file is touched at its commit
+        stamps = doc.get("touched") or {}
+        for node, epoch, kind, *values in doc.get("marks", []):
+            key = (str(node), int(epoch), str(kind))
+            marks.setdefault(key, Mark()).merge(Mark.from_list(values))
+            when = float(stamps.get(f"{node}\t{epoch}\t{kind}", commit_time_s(commit_id)))
+            touched[key] = max(touched.get(key, 0.0), when)
+    report.files_in = len(done)
+    newest_epoch: dict[tuple[str, str], int] = {}
+    for node, epoch, kind in marks:
+        newest_epoch[(node, kind)] = max(newest_epoch.get((node, kind), epoch), epoch)
+    kept = [k for k in marks if k[1] == newest_epoch[(k[0], k[2])] or now - touched[k] <= keep_s]
+    report.keys_kept, report.keys_dropped = len(kept), len(marks) - len(kept)
+    tmp = d / f".s-{newest}.json.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"marks": [[n, e, k, *marks[(n, e, k)].to_list()] for n, e, k in sorted(kept)],
+                   "topics": topic_ids,
+                   "touched": {f"{n}\t{e}\t{k}": touched[(n, e, k)] for n, e, k in kept}}, separators=(",", ":")))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, files[newest])
+    for commit_id, path in files.items():
+        if commit_id < newest:  # folded, or a commit that never happened
+            path.unlink(missing_ok=True)
+            report.files_removed += 1
+    return report

@@ -14,7 +14,9 @@ the report's queries; a drop waits ``lock_wait_s`` for them, then skips the
 round), each hour directory is renamed into ``_manifest/expired/`` (one rename:
 a reader sees the hour whole or not at all), then deleted; an emptied date
 directory goes too. A crash between the two leaves only ``_manifest/expired/``,
-which the next round empties. Run it where compaction runs
+which the next round empties. Each round also folds the processor's de-duplication
+marks (``_seq/``) into one file and forgets restarted agents' old epochs
+(``compact_seq_files``, ``seq_keep_s``). Run it where compaction runs
 (``faultlens stream --retention``, e.g. hourly from cron).
 """
 
@@ -31,8 +33,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from faultlens.config import RetentionConfig
 from faultlens.errors import ConfigError
+from faultlens.stream.dedupe import SeqCompaction, compact_seq_files
 from faultlens.stream.lake import MANIFEST_DIR, fsync_dir
 
 LOCK_FILE = f"{MANIFEST_DIR}/readers.lock"
@@ -51,6 +56,7 @@ class RetentionReport:
     dropped_bytes: int = 0
     kept_bytes: dict[str, int] = field(default_factory=dict)  # table -> bytes left
     skipped: bool = False  # readers held the lock past lock_wait_s: nothing dropped this round
+    seq: SeqCompaction | None = None  # the _seq files folded (stream/dedupe.py)
 
 
 def bounds(cfg: RetentionConfig) -> tuple[Bound, dict[str, Bound]]:
@@ -136,11 +142,21 @@ def apply_retention(lake_path: str | os.PathLike[str], cfg: RetentionConfig, *,
             if held:
                 for table_dir in sorted(p for p in lake.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
                     _apply_table(lake, table_dir, per.get(table_dir.name, default), now, report)
+                # commit ids carry the wall clock, whatever ``now`` the tables were judged at
+                report.seq = compact_seq_files(lake, committed_ids(lake), now=time.time(), keep_s=cfg.seq_keep_s)
                 return report
         if time.monotonic() >= deadline:
             report.skipped = True
             return report
         time.sleep(0.2)
+
+
+def committed_ids(lake: Path) -> set[str]:
+    """Every commit id the processor's manifest holds."""
+    files = [str(f) for f in (lake / MANIFEST_DIR).glob("m-*.parquet")]
+    if not files:
+        return set()
+    return {c for c in pq.ParquetDataset(files).read(columns=["commit_id"]).column("commit_id").to_pylist() if c}
 
 
 def _apply_table(lake: Path, table_dir: Path, bound: Bound, now: float, report: RetentionReport) -> None:

@@ -58,6 +58,18 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     assert sum(p.stat().st_size for p in tmp_path.glob("seg-*")) <= 5000
 
 
+def test_a_window_of_sent_records_does_not_wait_for_a_full_segment(tmp_path: Path) -> None:
+    """Issue 37.1: a quiet node's sent spool (8 MB segments) keeps its resend window, not months."""
+    sp = Spool(tmp_path, max_bytes=256 << 20)
+    for hour in range(5):  # each round: a window's records, then the window moves past them
+        sp.append(_entries(hour * 10, hour * 10 + 10))
+        sp.drop_older_than(time.time() + 1)
+    left, _ = sp.peek(10_000)
+    assert len(left) == 10 and len(list(tmp_path.glob("seg-*.spool"))) == 1  # only the newest window's
+    reopened = Spool(tmp_path, max_bytes=256 << 20)
+    assert len(reopened) == 10
+
+
 def test_delivery_spools_when_the_bus_is_down(tmp_path: Path) -> None:
     def down() -> None:
         raise BusError("no broker")

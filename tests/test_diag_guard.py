@@ -151,6 +151,35 @@ def test_a_job_reset_reopens_that_job_only(tmp_path) -> None:
     assert again.book.status() == log.book.status()
 
 
+def test_the_guard_log_file_stays_bounded_and_folds_the_same(tmp_path, monkeypatch) -> None:
+    """Issue 37.1: 10 simulated days of claims; the file keeps the caps' look-back, the open breakers
+    and the last resets, and a restart (or `faultlens guard status`) folds it to the same state."""
+    monkeypatch.setattr(LocalGuardLog, "COMPACT_SLACK", 100)
+    path = tmp_path / "guard.jsonl"
+    caps = GuardConfig(max_evictions_per_job_per_hour=100, max_evicted_fraction=1.0, storm_nodes=1000)
+    log = LocalGuardLog(caps, path)
+    sizes = []
+    for i in range(10 * 48):  # a claim every 30 minutes of event time, 10 days
+        log.claim(f"c{i}", job=f"j{i % 7}", nodes=[f"n{i % 50:03d}"], ts=T0 + 1800.0 * i, job_nodes=64)
+        if i == 5:
+            log.reset("job", job="j3", by="me", reason="checked")
+        if i % 48 == 47:
+            sizes.append(path.stat().st_size)
+    log.claim("trip", job="j9", nodes=[f"x{k}" for k in range(20)], ts=T0 + 1800.0 * 480, job_nodes=64)
+    assert log.book.fleet_breaker is not None  # 20 more nodes in an hour: past the fleet cap
+    for i in range(150):  # refused from now on, the breaker held by the file
+        log.claim(f"late{i}", job="j1", nodes=["n001"], ts=T0 + 1800.0 * (481 + i), job_nodes=64)
+    assert log.compactions > 3 and max(sizes) < 40_000, sizes  # ~100 lines of ~300 bytes at most, any day
+    assert sum(1 for _ in path.open()) < 2 * 20 + 100
+    again = LocalGuardLog(caps, path)
+    assert again.book.fleet_breaker is not None and again.book.status()["evicted_last_hour"] == \
+        log.book.status()["evicted_last_hour"]
+    assert [r["job"] for r in again.book.resets] == ["j3"]
+    again.reset("fleet", by="me", reason="fabric fixed")
+    log.refresh()  # the other holder reads the reset written after the rewrite
+    assert log.book.fleet_breaker is None
+
+
 def test_a_suppressed_duplicate_leaves_a_trace() -> None:
     """Recorded: a suppressed duplicate left no trace on its incident."""
     job = _job("d", 8)
@@ -266,9 +295,11 @@ def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
     from faultlens.config import DiagnosisConfig
 
     job = _job("s4", 8)
-    assert DiagnosisConfig().max_evidence_age_s == 0.0  # off by default, for now (see faultlens/config.py)
-    for age_s, limit, expect in ((120.0, 60.0, "notify"), (2.0, 60.0, "evict_nodes"), (120.0, 0.0, "evict_nodes")):
-        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)))  # online
+    assert DiagnosisConfig().max_evidence_age_s == 60.0
+    cases = ((120.0, 60.0, True, "notify"), (2.0, 60.0, True, "evict_nodes"), (120.0, 0.0, True, "evict_nodes"),
+             (120.0, 60.0, False, "evict_nodes"))  # not the live service's engine: replayed input is never stale
+    for age_s, limit, live, expect in cases:
+        engine = DiagnosisEngine(Config(diagnosis=DiagnosisConfig(max_evidence_age_s=limit)), wall_clock_dwell=live)
         engine.set_topology(msgspec.structs.replace(job.record, ts=time.time() - 600))
         now = time.time()
         out = [o for o in run_records(engine, [_xid(job.nodes[0], now - age_s)]) + engine.tick(now)
@@ -276,5 +307,12 @@ def test_online_an_eviction_on_stale_evidence_becomes_a_notify() -> None:
         assert [a.type for a in out] == [expect], (age_s, limit, out)
         inc = next(iter(engine.book.incidents.values()))
         assert (inc.suppressed_counts == {"stale": 1}) == (expect == "notify")
+        # the live service's decisions carry their evidence's age, the engine's lag and the window judged by
+        if live:
+            assert out[0].evidence_age_s is not None and age_s - 1 < out[0].evidence_age_s < age_s + 30
+            assert out[0].consumer_lag_s is not None and out[0].consumer_lag_s <= out[0].evidence_age_s + 1
+            assert out[0].evidence_window_s == limit
+        else:  # replayed input: nothing wall-clock dependent in the action
+            assert (out[0].evidence_age_s, out[0].consumer_lag_s, out[0].evidence_window_s) == (None, None, 0.0)
         if expect == "notify":
             assert "stale: the newest evidence is 1" in out[0].reason

@@ -121,7 +121,7 @@ def test_online_diagnosis_hears_the_runner_refuse(bus) -> None:
         p.send(KernelEvent(ts=T0, node="jr-n02", kind="xid", xid=79, gpu=3,
                            raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."))
         p.flush(10)
-    service = DiagnosisService(Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{bus.topic_prefix}-d")),
+    service = DiagnosisService(Config(bus=bus, diagnosis=DiagnosisConfig(group_id=f"{bus.topic_prefix}-d", max_evidence_age_s=0)),
                                from_beginning=True, tick_interval_s=0.2).start()
     try:
         with Consumer(bus, ["actions", "incidents"], group_id=None) as c:

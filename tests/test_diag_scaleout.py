@@ -23,7 +23,7 @@ pytestmark = pytest.mark.broker
 
 
 def _config(bus: Any, group: str) -> Config:
-    return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=group))
+    return Config(bus=bus, diagnosis=DiagnosisConfig(group_id=group, max_evidence_age_s=0))  # fleetgen: fixed T0
 
 
 def _produce(bus: Any, records: list[Any]) -> None:

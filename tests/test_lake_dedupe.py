@@ -21,7 +21,7 @@ from faultlens.decode import CONTENT_TYPE_HEADER, content_type_of, encode_wire
 from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.bus.embedded_broker import EmbeddedBroker, free_port
 from faultlens.stream.catalog import open_lake
-from faultlens.stream.dedupe import SEQ_HEADER, Mark, SeqLedger, parse_seq
+from faultlens.stream.dedupe import SEQ_HEADER, Mark, SeqLedger, compact_seq_files, parse_seq
 from faultlens.stream.processor import StreamProcessor
 from tests.test_stream_processor import kill_processor_repeatedly
 
@@ -42,6 +42,37 @@ def test_a_mark_takes_each_seq_once_in_any_order() -> None:
     merged = Mark(3, {6})
     merged.merge(Mark(4, {9}))
     assert merged.to_list() == [4, 6, 9] and merged.has(9) and not merged.has(5)
+
+
+def test_seq_files_fold_into_one_and_forget_a_restarted_agents_old_epochs(tmp_path: Path) -> None:
+    """Issue 37.1: one _seq file per commit, folded each retention round; what is kept reads the same."""
+    base_ns = time.time_ns() - 3 * 86_400 * 10**9
+    ids = []
+    for day in range(3):  # an agent restarted every day: epochs 1, 2, 3 of n1; n2 never restarted
+        for i in range(5):
+            commit_id = f"{base_ns + (day * 86_400 + i * 60) * 10**9:x}{'ab' * 4}"
+            ledger = SeqLedger()
+            for n in range(1, 4):
+                ledger.take(("n1", day + 1, "kernel"), i * 3 + n)
+                ledger.take(("n2", 1, "kernel"), day * 15 + i * 3 + n)
+            ledger.write(tmp_path, commit_id, list(ledger.marks), {"faultlens.kernel": "t1"})
+            ids.append(commit_id)
+    crashed = f"{base_ns + 10**9:x}{'cd' * 4}"  # a file whose commit never reached the manifest
+    SeqLedger().write(tmp_path, crashed, [], {"faultlens.kernel": "t0"})
+    in_flight = f"{time.time_ns() + 10**9:x}{'ef' * 4}"  # newer than every committed one: left alone
+    SeqLedger().write(tmp_path, in_flight, [], {"faultlens.kernel": "t2"})
+    committed = set(ids[:-1])  # the last commit's manifest lost too
+    before = SeqLedger.load(tmp_path, committed)
+    report = compact_seq_files(tmp_path, committed, now=time.time(), keep_s=2.5 * 86_400)
+    files = sorted(p.name for p in (tmp_path / "_seq").glob("s-*.json"))
+    assert files == sorted([f"s-{ids[-2]}.json", f"s-{ids[-1]}.json", f"s-{in_flight}.json"])
+    assert report.files_in == 14 and report.keys_dropped == 1  # n1's first epoch: 3 days old, not its newest
+    after = SeqLedger.load(tmp_path, committed)
+    assert set(after.marks) == set(before.marks) - {("n1", 1, "kernel")}
+    assert all(after.marks[k].to_list() == before.marks[k].to_list() for k in after.marks)
+    assert after.topic_ids == {"faultlens.kernel": "t1"}
+    again = compact_seq_files(tmp_path, committed, now=time.time(), keep_s=2.5 * 86_400)  # idempotent
+    assert again.keys_dropped == 0 and SeqLedger.load(tmp_path, committed).marks == after.marks
 
 
 def test_seq_header_parses_and_bad_stamps_are_no_stamps() -> None:

@@ -89,3 +89,20 @@ def test_consumer_lag_is_measured_against_the_real_broker(bus) -> None:
         assert observe_consumer_lag(m, consumer.raw) == 0
     finally:
         consumer.close()
+
+
+def test_the_pipeline_watches_its_own_lag() -> None:
+    """Issue 37.3: diagnosis's event time behind the wall clock is a gauge, warned once per crossing."""
+    from faultlens.diagnosis.online.alerts import LagWatch
+
+    m = ServiceMetrics("diagnosis")
+    now = [1_800_000_000.0]
+    watch = LagWatch(60.0, m, clock=lambda: now[0])
+    assert watch.observe([now[0] - 5.0, now[0] - 12.0]) == 12.0 and not watch.behind  # the partition most behind
+    assert m.consumer_lag_s._value.get() == 12.0
+    for lag in (90.0, 120.0, 30.0, 75.0):
+        watch.observe([now[0] - lag])
+    assert watch.crossings == 2 and watch.behind and m.consumer_lag_s._value.get() == 75.0
+    assert watch.observe([]) == 75.0  # no partition with data: the last figure stands
+    off = LagWatch(0.0, None, clock=lambda: now[0])
+    assert off.observe([now[0] - 999.0]) == 999.0 and not off.behind  # bound 0: measured, never behind

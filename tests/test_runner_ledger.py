@@ -10,7 +10,7 @@ import pytest
 
 from faultlens import schema
 from faultlens.config import Config, RunnerConfig
-from faultlens.diagnosis.runner.runner import ActionRunner, Ledger
+from faultlens.diagnosis.runner.runner import ActionRunner, Execution, Ledger
 from faultlens.errors import LakeError
 from tests.runner_standins import env_with, keys_config, recorded, signed, write_standin
 
@@ -55,3 +55,31 @@ def test_a_torn_last_ledger_line_is_ignored_but_a_torn_middle_is_an_error(tmp_pa
     path.write_bytes(b"{\"action_id\": \"b\", \"sta\n" + orjson.dumps({"action_id": "a", "status": "done"}) + b"\n")
     with pytest.raises(LakeError, match="line 1"):
         Ledger(str(path))
+
+
+def test_the_ledger_forgets_what_no_redelivery_can_need_and_stays_bounded(tmp_path) -> None:
+    """Issue 37.1: 10 simulated days of one action every 10 minutes; the file stays near an hour's entries,
+    what is in flight or pending is never forgotten, and a reopened ledger reads the same."""
+    now = [1_800_000_000.0]
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(str(path), keep_s=3600.0 + 120.0, clock=lambda: now[0])
+    ledger.record("act-stuck", "started")  # in flight when the runner stopped: kept until it ends
+    ledger.record_pending("act-wait", b'{"id": "act-wait"}', "slurmctld down")
+    sizes = []
+    for i in range(1440):
+        now[0] += 600.0
+        ledger.record_execution(Execution(now[0], f"act-{i}", ("n001",)))
+        ledger.record(f"act-{i}", "done")
+        if i % 144 == 143:
+            sizes.append(path.stat().st_size)
+    assert ledger.compactions > 0
+    assert max(sizes) < 100_000, sizes  # an hour's entries plus Ledger.COMPACT_SLACK lines at most, whatever the days
+    assert ledger._compacted_lines < 40  # what a compaction keeps: the last hour's ~7 actions and the two held
+    assert "act-1439" in ledger and "act-1435" in ledger and "act-10" not in ledger
+    assert ledger.in_doubt("act-stuck") and ledger.attempts("act-wait") == 1 and "act-wait" in ledger.retries
+    ledger.compact()
+    assert all(now[0] - e.ts <= 3600.0 for e in ledger.executions) and len(ledger.executions) >= 6
+    again = Ledger(str(path), keep_s=3600.0 + 120.0, clock=lambda: now[0])
+    assert again.status("act-1439") == "done" and again.status("act-1438") == "done"
+    assert again.in_doubt("act-stuck") and again.attempts("act-wait") == 1
+    assert len(again.executions) == len(ledger.executions)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import msgspec
 import orjson
 import pytest
 
@@ -172,3 +173,23 @@ def test_the_fleet_cap_counts_distinct_nodes_isolated_in_an_hour(tmp_path, rec) 
     assert "runner fleet cap" in outs[-1].detail
     assert _runner(tmp_path, adapter="kubernetes", max_nodes_evicted_per_hour=3).handle(
         _signed(_action("act-9", nodes=("n5",)))).status.status == "refused"  # persisted in the ledger
+
+
+def test_an_action_older_than_its_evidence_window_is_refused(tmp_path, rec) -> None:
+    """Issue 37.3: the runner refuses an action (not a notify) once the age of its evidence when decided
+    plus its own age passes the window it was decided under."""
+    runner = _runner(tmp_path, adapter="command", hook_command="hook {action}")
+
+    def judged(id_: str, *, evidence_age_s: float | None, sent_s_ago: float, type_: str = "restart_job") -> str:
+        a = msgspec.structs.replace(_action(id_, type_=type_, nodes=(), ts=time.time() - sent_s_ago),
+                                evidence_age_s=evidence_age_s, evidence_window_s=60.0)
+        status = runner.handle(_signed(a)).status
+        assert status is not None
+        return status.status + (": " + status.detail if status.status == "refused" else "")
+
+    assert judged("act-fresh", evidence_age_s=10.0, sent_s_ago=5.0) == "done"
+    late = judged("act-late", evidence_age_s=50.0, sent_s_ago=20.0)
+    assert late.startswith("refused: stale evidence: the newest evidence is 70 s old"), late
+    assert judged("act-batch", evidence_age_s=None, sent_s_ago=20.0) == "done"  # batch: no age, no bound
+    assert judged("act-note", evidence_age_s=50.0, sent_s_ago=20.0, type_="notify").startswith("done")
+    assert recorded(rec) == [["hook", "act-fresh"], ["hook", "act-batch"], ["hook", "act-note"]]  # notify: the hook tells

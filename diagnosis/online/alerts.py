@@ -11,6 +11,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,3 +66,33 @@ class OutputAlerts:
                 log.warning("incident webhook failed after %d attempt(s): %s", delivery.attempts, delivery.error)
                 if self.metrics is not None:
                     self.metrics.webhook_failures.inc()
+
+
+class LagWatch:
+    """The pipeline watches itself: how far event time is behind the wall clock (the partition most
+    behind; faultlens_consumer_lag_seconds), warned once per crossing of ``bound_s`` ([diagnosis]
+    max_evidence_age_s: past it evictions go out as notify "stale"; alert FaultlensDiagnosisBehind)."""
+
+    def __init__(self, bound_s: float, metrics: Any, clock: Callable[[], float] = time.time):
+        self.bound_s = bound_s
+        self.metrics = metrics
+        self.clock = clock
+        self.lag_s = 0.0
+        self.behind = False
+        self.crossings = 0
+
+    def observe(self, stream_times: list[float]) -> float:
+        if not stream_times:
+            return self.lag_s
+        self.lag_s = max(0.0, self.clock() - min(stream_times))
+        if self.metrics is not None:
+            self.metrics.consumer_lag_s.set(self.lag_s)
+        behind = bool(self.bound_s) and self.lag_s > self.bound_s
+        if behind and not self.behind:
+            self.crossings += 1
+            log.warning("diagnosis is %.0f s behind the wall clock, past diagnosis.max_evidence_age_s %g s: "
+                        "evictions go out as notify (stale) until it catches up", self.lag_s, self.bound_s)
+        elif self.behind and not behind:
+            log.warning("diagnosis caught up: %.0f s behind the wall clock", self.lag_s)
+        self.behind = behind
+        return self.lag_s

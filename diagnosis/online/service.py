@@ -46,7 +46,7 @@ from faultlens.config import Config
 from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
-from faultlens.diagnosis.online.alerts import OutputAlerts
+from faultlens.diagnosis.online.alerts import LagWatch, OutputAlerts
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
@@ -102,6 +102,7 @@ class DiagnosisService:
         self.guard_log = guard_log
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self.alerts = OutputAlerts(config.diagnosis, metrics, self.open_incidents)  # metrics and the webhook
+        self.lag = LagWatch(config.diagnosis.max_evidence_age_s, metrics)
         # Every action and command is signed (a bad key file fails here, at start).
         self.keyring = Keyring.from_config(config.keys)
         if self.keyring and not self.keyring.can_sign:  # only .pub files: every action would fail to sign
@@ -426,6 +427,7 @@ class DiagnosisService:
                 book = self.guard_log.book
                 self.metrics.guard_breakers_open.labels(scope="fleet").set(int(book.fleet_breaker is not None))
                 self.metrics.guard_breakers_open.labels(scope="job").set(len(book.job_breakers))
+        self.lag.observe([t for p, t in self.stream_time.items() if t and p in self.partitions])
         for st in self.states.values():
             # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
             out = st.engine.tick(self._clock(st.partition, now))

@@ -16,7 +16,9 @@ For each message on the actions topic (consumer group ``runner.group_id``):
    written to the ledger (``runner.state_path``, a file by default) *before*
    anything runs, so execution is at most once even across a crash;
 4. refuse what is unsafe: actions older than ``runner.max_action_age_s`` (a
-   replayed topic) or dated in the future, node names that are not host names,
+   replayed topic) or dated in the future, actions (but notify) whose evidence is
+   older than their evidence window (``evidence_age_s`` when decided plus the
+   action's own age past ``evidence_window_s``: a pipeline that fell behind), node names that are not host names,
    ids that are not plain ids, job ids the adapter cannot use, action types the
    adapter does not support; and what passes the runner's own caps (its second
    line behind diagnosis' guard): at most ``runner.max_actions_per_window``
@@ -127,44 +129,69 @@ PENDING = "pending"  # the scheduler could not take it: tried again (the message
 
 class Ledger:
     """Action ids already handled, with their status and the steps that finished; a JSON-lines
-    file when ``path`` is set (fsynced per entry, so it survives a kill -9)."""
+    file when ``path`` is set (fsynced per entry, so it survives a kill -9).
 
-    def __init__(self, path: str = ""):
+    Bounded: an id whose last entry is older than ``keep_s`` and that is neither in flight nor pending
+    is forgotten (a redelivery of it is older than ``runner.max_action_age_s`` by then, and refused
+    as stale), executions older than ``executions_keep_s`` too (the caps look back an hour); the file
+    is rewritten to what is left (temporary file, fsync, rename) at start, on a write ``keep_s`` after
+    the last rewrite, and whenever it holds more than twice what the last rewrite left plus
+    ``COMPACT_SLACK`` lines."""
+
+    COMPACT_SLACK = 1000
+
+    def __init__(self, path: str = "", *, keep_s: float = 0.0, executions_keep_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time):
         self.path = Path(path) if path else None
+        self.keep_s = keep_s  # 0: never forget
+        self.executions_keep_s = executions_keep_s
+        self.clock = clock
         self._seen: dict[str, str] = {}
+        self._last_ts: dict[str, float] = {}  # action id -> its newest entry's time
         self._steps: dict[str, set[int | str]] = {}
         self._attempts: dict[str, int] = {}  # pending attempts per action id
         self.retries: dict[str, bytes] = {}  # pending action id -> its message, tried again after a restart
         self.executions: list[Execution] = []  # what was carried out, for the runner's caps
+        self._lines = 0  # entries in the file (live and forgettable)
+        self._compacted_lines = 0  # entries left by the last compaction
+        self._compacted_at = clock()  # when: a quiet ledger is compacted once per keep_s as well
+        self.compactions = 0
         if self.path is not None and self.path.exists():
             try:
                 lines = [ln for ln in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
             except OSError as exc:
                 raise LakeError(f"runner ledger {self.path} is unreadable: {exc}") from exc
+            self._lines = len(lines)
             for n, line in enumerate(lines, 1):
                 try:
                     entry = orjson.loads(line)
+                    action_id = entry["action_id"]
+                    self._last_ts[action_id] = max(self._last_ts.get(action_id, 0.0), float(entry.get("ts") or 0.0))
                     if "step" in entry:
                         step = entry["step"]
-                        self._steps.setdefault(entry["action_id"], set()).add(step if isinstance(step, str) else int(step))
+                        self._steps.setdefault(action_id, set()).add(step if isinstance(step, str) else int(step))
                     elif "executing" in entry:
-                        self.executions.append(Execution(float(entry["ts"]), str(entry["action_id"]),
+                        self.executions.append(Execution(float(entry["ts"]), str(action_id),
                                                          tuple(str(n) for n in entry["nodes"])))
                     else:
-                        self._seen[entry["action_id"]] = entry["status"]
+                        self._seen[action_id] = entry["status"]
                         if entry["status"] == PENDING:
-                            self._attempts[entry["action_id"]] = self._attempts.get(entry["action_id"], 0) + 1
-                            self.retries[entry["action_id"]] = str(entry["retry"]).encode()
+                            self._attempts[action_id] = int(entry.get("attempts") or self._attempts.get(action_id, 0) + 1)
+                            self.retries[action_id] = str(entry["retry"]).encode()
                         else:
-                            self.retries.pop(entry["action_id"], None)
+                            self.retries.pop(action_id, None)
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     if n == len(lines):  # a kill -9 mid-write tears at most the last entry
                         log.warning("runner ledger %s: torn last entry ignored (%s)", self.path, exc)
                         continue
                     raise LakeError(f"runner ledger {self.path} line {n} is unreadable: {exc}") from exc
+            self.compact()
 
     def __contains__(self, action_id: str) -> bool:
         return action_id in self._seen
+
+    def __len__(self) -> int:
+        return len(self._last_ts)
 
     def status(self, action_id: str) -> str | None:
         return self._seen.get(action_id)
@@ -183,15 +210,15 @@ class Ledger:
     def record(self, action_id: str, status: str) -> None:
         self._seen[action_id] = status
         self.retries.pop(action_id, None)
-        self._write({"action_id": action_id, "status": status, "ts": time.time()})
+        self._write({"action_id": action_id, "status": status, "ts": self.clock()})
 
     def record_pending(self, action_id: str, value: bytes, detail: str) -> None:
         """Not taken now: kept with its message (``value``) so a restarted runner tries it again."""
         self._seen[action_id] = PENDING
         self._attempts[action_id] = self._attempts.get(action_id, 0) + 1
         self.retries[action_id] = value
-        self._write({"action_id": action_id, "status": PENDING, "ts": time.time(), "detail": detail[:500],
-                     "retry": value.decode("utf-8", "replace")})
+        self._write({"action_id": action_id, "status": PENDING, "ts": self.clock(), "detail": detail[:500],
+                     "retry": value.decode("utf-8", "replace"), "attempts": self._attempts[action_id]})
 
     def record_execution(self, execution: Execution) -> None:
         """An action is about to be carried out on these nodes (the caps count it from now on)."""
@@ -202,15 +229,62 @@ class Ledger:
     def record_step(self, action_id: str, step: int | str) -> None:
         """Step ``step`` of the action's plan finished: a resumed action does not run it again."""
         self._steps.setdefault(action_id, set()).add(step)
-        self._write({"action_id": action_id, "step": step, "ts": time.time()})
+        self._write({"action_id": action_id, "step": step, "ts": self.clock()})
 
     def _write(self, entry: dict[str, Any]) -> None:
+        action_id = str(entry["action_id"])
+        self._last_ts[action_id] = max(self._last_ts.get(action_id, 0.0), float(entry["ts"]))
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("ab") as f:
                 f.write(orjson.dumps(entry) + b"\n")
                 f.flush()
                 os.fsync(f.fileno())
+            self._lines += 1
+            if self._lines > 2 * self._compacted_lines + self.COMPACT_SLACK or (
+                    self.keep_s > 0 and entry["ts"] - self._compacted_at > self.keep_s):
+                self.compact()
+
+    def compact(self) -> int:
+        """Forget what no redelivery can need any more and rewrite the file to the rest; returns the
+        number of action ids forgotten."""
+        now = self._compacted_at = self.clock()
+        forgotten = []
+        if self.keep_s > 0:
+            forgotten = [a for a, ts in self._last_ts.items()
+                         if now - ts > self.keep_s and self._seen.get(a) not in (IN_DOUBT, PENDING)]
+        for a in forgotten:
+            for table in (self._seen, self._last_ts, self._steps, self._attempts, self.retries):
+                table.pop(a, None)
+        if self.executions_keep_s > 0:
+            self.executions = [e for e in self.executions if now - e.ts <= self.executions_keep_s]
+        if self.path is None or (not forgotten and self._lines <= len(self._last_ts) + len(self.executions)):
+            self._compacted_lines = self._lines
+            return len(forgotten)
+        entries: list[dict[str, Any]] = []
+        for a, ts in self._last_ts.items():
+            entries.extend({"action_id": a, "step": s, "ts": ts} for s in sorted(self._steps.get(a, ()), key=str))
+            if a in self._seen:
+                entry: dict[str, Any] = {"action_id": a, "status": self._seen[a], "ts": ts}
+                if a in self.retries:
+                    entry.update(retry=self.retries[a].decode("utf-8", "replace"), attempts=self._attempts.get(a, 1))
+                entries.append(entry)
+        entries.extend({"action_id": e.action_id, "executing": True, "nodes": list(e.nodes), "ts": e.ts}
+                       for e in self.executions)
+        tmp = self.path.with_name(self.path.name + ".compact")
+        with tmp.open("wb") as f:
+            f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._lines = self._compacted_lines = len(entries)
+        self.compactions += 1
+        return len(forgotten)
 
 
 def _cmdline(argv: Any) -> str:
@@ -242,7 +316,10 @@ class ActionRunner:
         if self.cfg.execute and not self.cfg.state_path:
             raise ConfigError("--execute needs the ledger (at most once across restarts); set a file",
                               key="runner.state_path")
-        self.ledger = Ledger(self.cfg.state_path)
+        # An id is forgotten once a redelivery of it would be refused as too old anyway (plus the skew).
+        self.ledger = Ledger(self.cfg.state_path, clock=clock,
+                             keep_s=self.cfg.max_action_age_s + config.keys.max_skew_s + 60.0,
+                             executions_keep_s=max(self.cfg.rate_window_s, 3600.0))
         self.topic = topics.topic("actions", config.bus.topic_prefix)
         # Pending actions (the scheduler could not take them) and when each is tried again: those a
         # stopped runner left pending are due at once.
@@ -329,6 +406,14 @@ class ActionRunner:
             log.warning("action %s refused: %.0f s old (runner.max_action_age_s=%g)", action.id, age_s,
                         self.cfg.max_action_age_s)
             return status("refused", f"stale: the action is {age_s:.0f} s old, limit {self.cfg.max_action_age_s:g} s")
+        window_s = action.evidence_window_s
+        if window_s > 0 and action.evidence_age_s is not None and action.type != ActionType.NOTIFY \
+                and action.evidence_age_s + max(0.0, age_s) > window_s:
+            seen = action.evidence_age_s + max(0.0, age_s)
+            log.warning("action %s refused: its evidence is %.0f s old (window %g s)", action.id, seen, window_s)
+            return status("refused", f"stale evidence: the newest evidence is {seen:.0f} s old ({action.evidence_age_s:.0f} s "
+                                     f"when decided, {max(0.0, age_s):.0f} s since), past its evidence window "
+                                     f"{window_s:g} s (diagnosis.max_evidence_age_s)")
         try:
             check_nodes(action.nodes, required=False)
             steps = self.adapter.plan(action, event)

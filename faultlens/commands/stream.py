@@ -50,6 +50,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             return 1
         print(f"retention dropped {sum(kept.dropped_hours.values())} table hours ({kept.dropped_bytes / 1e6:.1f} MB); "
               f"kept {sum(kept.kept_bytes.values()) / 1e6:.1f} MB in {len(kept.kept_bytes)} tables")
+        if kept.seq is not None and kept.seq.files_in:
+            print(f"_seq: {kept.seq.files_in} file(s) folded into one, {kept.seq.keys_dropped} old agent epoch(s) "
+                  f"forgotten, {kept.seq.keys_kept} kept")
         return 0
     if args.compact:
 
