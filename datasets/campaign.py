@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from faultlens.datasets.campaign_compound import COMPOUND
 from faultlens.datasets.campaign_outcomes import draw
 from faultlens.datasets.campaign_render import Decision, SliceLayout
 from faultlens.datasets.faults import FAULTS
@@ -75,6 +76,7 @@ class FailureKind:
     render_as: str = ""  # the simulator fault rendered for it ("" = its name)
     category: str = ""
     share: float = 1.0
+    machines: int = 1  # machines it takes at once (a correlated event: a rack's power, a leaf switch)
 
     @property
     def rendered(self) -> str:
@@ -133,7 +135,7 @@ def load_mix(path: str | Path | None = None, kinds: Iterable[str] | None = None,
     for name, row in rows.items():
         where = f"{p}: [kind.{name}]"
         render = str(row.get("render_as", name))
-        if render not in FAULTS:
+        if render not in FAULTS and render not in COMPOUND:
             raise ValueError(f"{where}: no simulator fault kind {render!r}")
         if row.get("class") not in FAULT_CLASSES:
             raise ValueError(f"{where}: class must be one of {FAULT_CLASSES}, got {row.get('class')!r}")
@@ -152,7 +154,8 @@ def load_mix(path: str | Path | None = None, kinds: Iterable[str] | None = None,
                                     episode_mean_s=num("episode_mean_s"), outage_s=num("outage_s"),
                                     restart_fixes=bool(row.get("restart_fixes", False)),
                                     job_wide=bool(row.get("job_wide", False)), render_as=render,
-                                    category=row["category"], share=shares[name])
+                                    category=row["category"], share=shares[name],
+                                    machines=int(num("machines")) if "machines" in row else 1)
         except KeyError as exc:
             raise ValueError(f"{where}: missing {exc.args[0]!r}") from None
     for cat in cats:
@@ -294,6 +297,12 @@ class Failure:
     u_check: float = 0.5  # where in the health-check period it falls
     u_recall: float = 0.0  # stop-time checks find the culprit when u_recall < their recall
     u_redraw: float = 0.5  # the second look at a fail-slow after a wrong or missed decision
+    overlap: bool = False  # it arrived while the job was still handling the failure before it
+
+    @property
+    def u_overlap(self) -> float:
+        """Which measured overlap decision it draws (uniform: the fractional sum of two independent uniforms)."""
+        return (self.u_draw + self.u_localise) % 1.0
 
 
 def draw_failures(spec: CampaignSpec, mix: Mapping[str, FailureKind], seed: int) -> list[Failure]:

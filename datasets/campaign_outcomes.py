@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from faultlens.datasets.campaign_compound import COMPOUND, compound_digest, decide_compound
 from faultlens.datasets.campaign_render import Decision, Noise, SliceLayout, decide
 from faultlens.vocabulary import ActionType
 
@@ -151,12 +152,16 @@ def _render_one(kind: str, i: int, layout: SliceLayout, fault_class: str, nccl_t
                 job_dp: int) -> Decision:
 
     seed, noise = sample_noise(kind, i)
+    if kind in COMPOUND:  # several machines at once (campaign_compound.py)
+        return decide_compound(kind, layout, seed, i, nccl_timeout_s=nccl_timeout_s, noise=noise)
     return decide(kind, layout, seed, i, fault_class=fault_class, nccl_timeout_s=nccl_timeout_s, job_dp=job_dp,
                   noise=noise).decision
 
 
 def _cache_file(cache_dir: Path, digest: str, layout: SliceLayout, nccl_timeout_s: float, job_dp: int,
                 kind: str) -> Path:
+    if kind in COMPOUND:  # its renderer is outside the engine's digest: its own digest beside it
+        digest = f"{digest}+{compound_digest()}"
     return cache_dir / f"{digest}-{layout.key}-t{nccl_timeout_s:g}-dp{job_dp}-{kind}.jsonl"
 
 
