@@ -198,8 +198,8 @@ def measure(kinds: Mapping[str, str], layout: SliceLayout, *, nccl_timeout_s: fl
             path = _cache_file(cache_dir, digest, layout, nccl_timeout_s, job_dp, kind)
             have = _load(path) if use_cache else {}
             n, top = n_min, n_max
-            if cached_only and 0 in have:
-                n = top = next(i for i in range(len(have) + 1) if i not in have)
+            if cached_only:  # the cache's run of renders from 0 as it is; n_min renders of a kind it lacks
+                n = top = next(i for i in range(len(have) + 1) if i not in have) if 0 in have else n_min
             while True:
                 missing = [i for i in range(n) if i not in have]
                 args = [(kind, i, layout, fault_class, nccl_timeout_s, job_dp) for i in missing]

@@ -119,8 +119,10 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
         if k.rendered == "pcie_degradation":
             return [Attempt(seen("pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
-    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg)
-        return [Attempt(seen("kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg), once the
+        # kernel has written it (faultlens may open its hang incident sooner, from the steps and stacks)
+        return [Attempt(max(seen("kernel_detect_s"), ctx.c(p, "hung_task_timeout_s")), 0.0, "evict", 1,
+                        faulty_out=True)]
     if k.fault_class == "hang":
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
     if k.rendered == "user_exception":
@@ -168,7 +170,8 @@ def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision
             named, fixed = min(k.machines, cap) + d.extra_machines, fixed and k.machines <= cap
         return Attempt(detect, decide, "evict", named, fixed=fixed, faulty_out=d.culprit_named)
     if act == A.RUN_DIAGNOSTICS:  # stop-time checks, fallible (BR 9 recall); when they pass, a reattempt
-        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job("stop_time_check_s")
+        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job(
+            "stop_time_check_kernel_s" if k.rendered == "hung_task" else "stop_time_check_s")  # BR Table 6's row
         # a NaN gets BR's whole procedure (EUD, bit-wise alignment, replay: Table 6's 4,289 s), as group_evict does
         if k.fault_class == "nan" or f.u_recall < ctx.job("diagnostics_recall"):
             action, machines = _fix(k)
