@@ -215,8 +215,17 @@ def _faultlens_attempts(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decis
     if not stopped:
         return [first, second] if second is not None else [first]
     if second is None or second.detect_s is None:
-        return [first] + human(ctx, f, k)
-    return [first, second] if second.fixed else [first, second] + human(ctx, f, k)
+        return [first] + _handover(ctx, f, k, first)
+    return [first, second] if second.fixed else [first, second] + _handover(ctx, f, k, second)
+
+
+def _handover(ctx: PolicyContext, f: Failure, k: FailureKind, last: Attempt) -> list[Attempt]:
+    """People take over from faultlens: paged when faultlens sees the fault again (its own detection),
+    not after the NCCL timeout or the job's exit that policy none waits for."""
+    people = human(ctx, f, k)
+    if not people or people[0].detect_s is None or last.detect_s is None:
+        return people
+    return [replace(people[0], detect_s=last.detect_s + ctx.c("none", "page_s"))] + people[1:]
 
 
 POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {

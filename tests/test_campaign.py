@@ -119,9 +119,10 @@ def test_a_wrong_eviction_recurs_and_is_decided_again():
     assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 500)
     assert r.standby_waits == 1 and r.machines_out == 2 and r.healthy_out == 1
     assert r.outcomes["wrong_machine"] == 1 and r.wrong == 1
-    # wrong twice: people take over (paged 960 s, 510 s by hand, another shortfall wait)
+    # wrong twice: people take over (paged on faultlens's detection: 5 + 1 + 900 s; 510 s by hand, another
+    # shortfall wait)
     r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong]})
-    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 960 + 510 + 379 + 150 + 500)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 906 + 510 + 379 + 150 + 500)
     assert r.healthy_out == 2 and r.wrong == 2
 
 
@@ -337,3 +338,18 @@ def test_group_eviction_sees_a_hung_task_when_the_kernel_writes_it():
     diag = {"hung_task": [decision("hung_task", "run_diagnostics", expected_action="run_diagnostics", detect_s=50.0)]}
     f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0)
     assert run("group_evict", failures=[f], outcomes=diag).lost_by_cause["detection"] == pytest.approx(120.0)
+
+
+def test_people_taking_over_from_faultlens_are_paged_on_its_detection():
+    # the checks miss twice (u_recall 0.9): people take the hang over, paged when faultlens sees it again
+    # (5 s + 1 s online path + the 900 s page), not after the 1,800 s NCCL timeout policy none waits for
+    diag = {"hung_task": [decision("hung_task", "run_diagnostics", expected_action="run_diagnostics", named=1)]}
+    f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0, u_recall=0.9)
+    r = run("faultlens", failures=[f], outcomes=diag)
+    none = run("none", failures=[f], outcomes=diag)
+    assert none.lost_by_cause["detection"] == pytest.approx(1800.0 + 60.0 + 900.0)
+    # recurrence holds the second look and the people's page: 6 + 8 + 168 s, then 6 + 900 s, then their
+    # 1,800 s of hang localisation, the restarts and the recomputes
+    assert r.lost_by_cause["detection"] == pytest.approx(6.0)
+    people = r.lost_by_cause["recurrence"]
+    assert people < none.lost_by_cause["detection"] + none.lost_by_cause["localisation"] + 2 * 1000.0
