@@ -215,17 +215,23 @@ def _faultlens_attempts(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decis
     if not stopped:
         return [first, second] if second is not None else [first]
     if second is None or second.detect_s is None:
-        return [first] + _handover(ctx, f, k, first)
-    return [first, second] if second.fixed else [first, second] + _handover(ctx, f, k, second)
+        return [first] + _handover(ctx, f, k, first, d)
+    return [first, second] if second.fixed else [first, second] + _handover(ctx, f, k, second, again)
 
 
-def _handover(ctx: PolicyContext, f: Failure, k: FailureKind, last: Attempt) -> list[Attempt]:
+def _handover(ctx: PolicyContext, f: Failure, k: FailureKind, last: Attempt, d: Decision | None) -> list[Attempt]:
     """People take over from faultlens: paged when faultlens sees the fault again (its own detection),
-    not after the NCCL timeout or the job's exit that policy none waits for."""
+    not after the NCCL timeout or the job's exit that policy none waits for; a hang whose machine
+    faultlens named is localised as an explicit fault (BR 2.2's 2-15 min), not by BR's > 1.5 h hunt
+    for an unknown machine."""
     people = human(ctx, f, k)
     if not people or people[0].detect_s is None or last.detect_s is None:
         return people
-    return [replace(people[0], detect_s=last.detect_s + ctx.c("none", "page_s"))] + people[1:]
+    first = replace(people[0], detect_s=last.detect_s + ctx.c("none", "page_s"))
+    if k.fault_class == "hang" and d is not None and d.culprit_named:
+        lo, hi = ctx.c("none", "localise_min_s"), ctx.c("none", "localise_max_s")
+        first = replace(first, localise_s=lo + f.u_localise * (hi - lo))
+    return [first] + people[1:]
 
 
 POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {
