@@ -416,21 +416,22 @@ class Timeline:
         """Running time since the last checkpoint (checkpoints every interval after the last resume)."""
         return (self.now - self.anchor) % self.spec.get("checkpoint_interval_s")
 
-    def take(self, machines: int, faulty: bool, cause: str) -> None:
+    def take(self, machines: int, faulty: bool | int, cause: str) -> None:
         """Swap ``machines`` out for warm standbys. When the pool is short, wait for evicted machines to
         come back (healthy ones after their checks, the faulty one after repair) or for the shortfall
         to be rescheduled from the cluster (BR 8.2.1), whichever is sooner."""
         if machines <= 0:
             return
         self.machines_out += machines
-        self.healthy_out += machines - (1 if faulty else 0)
+        faulty = min(machines, int(faulty))  # how many of them are faulty (a correlated event: several)
+        self.healthy_out += machines - faulty
         cap = int(self.spec.get("warm_standbys"))
         while self.returning and self.returning[0] <= self.now:
             heapq.heappop(self.returning)
             self.pool = min(cap, self.pool + 1)
-        for _ in range(machines - (1 if faulty else 0)):
+        for _ in range(machines - faulty):
             heapq.heappush(self.returning, self.now + self.spec.get("healthy_return_s"))
-        if faulty:
+        for _ in range(faulty):
             heapq.heappush(self.returning, self.now + self.spec.get("repair_s"))
         short = machines - self.pool
         if short <= 0:
@@ -463,7 +464,7 @@ class Timeline:
             last = a.fixed or i == len(attempts) - 1
             self.seg(a.detect_s or 0.0, 0.0, "recurrence" if rec else "detection")
             self.seg(a.localise_s, 0.0, "recurrence" if rec else "localisation")
-            self.take(a.machines, a.faulty_out, "recurrence" if rec else "standby_wait")
+            self.take(a.machines, k.machines if a.faulty_out else 0, "recurrence" if rec else "standby_wait")
             self.seg(self.spec.get("restart_s") + (self.spec.get("reschedule_s") if a.machines else 0.0), 0.0,
                      "recurrence" if rec else "restart")
             if not last and k.recur_after_s <= 0:

@@ -61,7 +61,8 @@ def test_a_correlated_event_takes_its_machines_under_every_policy():
     f = [Failure(t=2500.0, kind="rack_power", u_draw=0.0, u_localise=0.5, episode_s=0.0)]
     outcomes = {"rack_power": [decision("rack_power", named=4)]}
     for policy in ("none", "restart", "group_evict", "faultlens", "oracle"):
-        assert run(policy, f, outcomes, spec=JOB32).machines_out == 4, policy
+        r = run(policy, f, outcomes, spec=JOB32)
+        assert r.machines_out == 4 and r.healthy_out == 0, policy  # all 4 go to repair
     # naming only some of them: the job stops again at once, and is decided again
     partial = {"rack_power": [decision("rack_power", named=2, culprit_named=False, right=False)]}
     assert run("faultlens", f, partial, spec=JOB32).wrong >= 1
