@@ -33,6 +33,7 @@ from faultlens.datasets.campaign import (
     load_costs,
     load_mix,
 )
+from faultlens.datasets.campaign_compound import COMPOUND
 from faultlens.datasets.campaign_outcomes import Outcomes, measure, sample_noise
 from faultlens.datasets.campaign_policies import simulate_policy
 from faultlens.datasets.campaign_render import Decision, decide, decide_online
@@ -181,7 +182,7 @@ def bus_check(spec: CampaignSpec, mix: Mapping[str, FailureKind], n: int,
     """Render the first sample of ``n`` kinds again and send it through the embedded broker to the
     online DiagnosisService; returns (batch decision, bus decision) pairs."""
 
-    classes = {k.rendered: k.fault_class for k in mix.values()}
+    classes = {k.rendered: k.fault_class for k in mix.values() if k.rendered not in COMPOUND}  # one fault each
     order = [k for k in BUS_FIRST if k in classes] + sorted(set(classes) - set(BUS_FIRST))
     layout = spec.slice_layout()
     pairs: list[tuple[Decision, Decision]] = []
