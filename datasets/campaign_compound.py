@@ -43,12 +43,14 @@ from faultlens.datasets.scenario import FaultSpec, Scenario
 from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
-from faultlens.vocabulary import ActionType
+from faultlens.vocabulary import ActionType, FaultKind
 
 A = ActionType
 # compound render -> the simulator fault each of its machines gets (overlap draws a pair from OVERLAP_KINDS)
-COMPOUND: dict[str, str] = {"rack_power": "gpu_lost", "leaf_switch": "ib_link_persistent", "overlap": ""}
-OVERLAP_KINDS = ("gpu_lost", "ecc_uncorrectable", "nvlink_error", "ib_link_persistent", "row_remap_failure")
+F = FaultKind
+COMPOUND: dict[str, str] = {"rack_power": F.GPU_LOST, "leaf_switch": F.IB_LINK_PERSISTENT, "overlap": ""}
+OVERLAP_KINDS: tuple[str, ...] = (F.GPU_LOST, F.ECC_UNCORRECTABLE, F.NVLINK_ERROR, F.IB_LINK_PERSISTENT,
+                                  F.ROW_REMAP_FAILURE)
 RENDERED_MACHINES = 4  # machines a correlated render takes (a rack of 4 HGX nodes; 4 of a leaf's nodes in the slice)
 
 
