@@ -81,7 +81,7 @@ def main() -> None:
     log = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
     run = run_campaign(spec, seeds=list(range(seeds)), mix=mix, costs=costs, bus_samples=bus, progress=log,
                        n_min=n_min, n_max=n_max, half_width=half, workers=args.workers, use_cache=use_cache,
-                       cached_only=args.cached_only)
+                       cached_only=args.cached_only, overlap=not args.smoke)
     sweep = error_sweep(run)
     print(text_tables(run, costs, sweep))
     out = summary(run, sweep)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from faultlens.datasets.campaign_compound import COMPOUND
 from faultlens.datasets.campaign_outcomes import draw
 from faultlens.datasets.campaign_render import Decision, SliceLayout
 from faultlens.datasets.faults import FAULTS
@@ -75,6 +76,7 @@ class FailureKind:
     render_as: str = ""  # the simulator fault rendered for it ("" = its name)
     category: str = ""
     share: float = 1.0
+    machines: int = 1  # machines it takes at once (a correlated event: a rack's power, a leaf switch)
 
     @property
     def rendered(self) -> str:
@@ -133,7 +135,7 @@ def load_mix(path: str | Path | None = None, kinds: Iterable[str] | None = None,
     for name, row in rows.items():
         where = f"{p}: [kind.{name}]"
         render = str(row.get("render_as", name))
-        if render not in FAULTS:
+        if render not in FAULTS and render not in COMPOUND:
             raise ValueError(f"{where}: no simulator fault kind {render!r}")
         if row.get("class") not in FAULT_CLASSES:
             raise ValueError(f"{where}: class must be one of {FAULT_CLASSES}, got {row.get('class')!r}")
@@ -152,7 +154,8 @@ def load_mix(path: str | Path | None = None, kinds: Iterable[str] | None = None,
                                     episode_mean_s=num("episode_mean_s"), outage_s=num("outage_s"),
                                     restart_fixes=bool(row.get("restart_fixes", False)),
                                     job_wide=bool(row.get("job_wide", False)), render_as=render,
-                                    category=row["category"], share=shares[name])
+                                    category=row["category"], share=shares[name],
+                                    machines=int(num("machines")) if "machines" in row else 1)
         except KeyError as exc:
             raise ValueError(f"{where}: missing {exc.args[0]!r}") from None
     for cat in cats:
@@ -294,6 +297,12 @@ class Failure:
     u_check: float = 0.5  # where in the health-check period it falls
     u_recall: float = 0.0  # stop-time checks find the culprit when u_recall < their recall
     u_redraw: float = 0.5  # the second look at a fail-slow after a wrong or missed decision
+    overlap: bool = False  # it arrived while the job was still handling the failure before it
+
+    @property
+    def u_overlap(self) -> float:
+        """Which measured overlap decision it draws (uniform: the fractional sum of two independent uniforms)."""
+        return (self.u_draw + self.u_localise) % 1.0
 
 
 def draw_failures(spec: CampaignSpec, mix: Mapping[str, FailureKind], seed: int) -> list[Failure]:
@@ -407,21 +416,22 @@ class Timeline:
         """Running time since the last checkpoint (checkpoints every interval after the last resume)."""
         return (self.now - self.anchor) % self.spec.get("checkpoint_interval_s")
 
-    def take(self, machines: int, faulty: bool, cause: str) -> None:
+    def take(self, machines: int, faulty: bool | int, cause: str) -> None:
         """Swap ``machines`` out for warm standbys. When the pool is short, wait for evicted machines to
         come back (healthy ones after their checks, the faulty one after repair) or for the shortfall
         to be rescheduled from the cluster (BR 8.2.1), whichever is sooner."""
         if machines <= 0:
             return
         self.machines_out += machines
-        self.healthy_out += machines - (1 if faulty else 0)
+        faulty = min(machines, int(faulty))  # how many of them are faulty (a correlated event: several)
+        self.healthy_out += machines - faulty
         cap = int(self.spec.get("warm_standbys"))
         while self.returning and self.returning[0] <= self.now:
             heapq.heappop(self.returning)
             self.pool = min(cap, self.pool + 1)
-        for _ in range(machines - (1 if faulty else 0)):
+        for _ in range(machines - faulty):
             heapq.heappush(self.returning, self.now + self.spec.get("healthy_return_s"))
-        if faulty:
+        for _ in range(faulty):
             heapq.heappush(self.returning, self.now + self.spec.get("repair_s"))
         short = machines - self.pool
         if short <= 0:
@@ -454,7 +464,7 @@ class Timeline:
             last = a.fixed or i == len(attempts) - 1
             self.seg(a.detect_s or 0.0, 0.0, "recurrence" if rec else "detection")
             self.seg(a.localise_s, 0.0, "recurrence" if rec else "localisation")
-            self.take(a.machines, a.faulty_out, "recurrence" if rec else "standby_wait")
+            self.take(a.machines, k.machines if a.faulty_out else 0, "recurrence" if rec else "standby_wait")
             self.seg(self.spec.get("restart_s") + (self.spec.get("reschedule_s") if a.machines else 0.0), 0.0,
                      "recurrence" if rec else "restart")
             if not last and k.recur_after_s <= 0:

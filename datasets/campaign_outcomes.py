@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from faultlens.datasets.campaign_compound import COMPOUND, compound_digest, decide_compound
 from faultlens.datasets.campaign_render import Decision, Noise, SliceLayout, decide
 from faultlens.vocabulary import ActionType
 
@@ -151,12 +152,16 @@ def _render_one(kind: str, i: int, layout: SliceLayout, fault_class: str, nccl_t
                 job_dp: int) -> Decision:
 
     seed, noise = sample_noise(kind, i)
+    if kind in COMPOUND:  # several machines at once (campaign_compound.py)
+        return decide_compound(kind, layout, seed, i, nccl_timeout_s=nccl_timeout_s, noise=noise)
     return decide(kind, layout, seed, i, fault_class=fault_class, nccl_timeout_s=nccl_timeout_s, job_dp=job_dp,
                   noise=noise).decision
 
 
 def _cache_file(cache_dir: Path, digest: str, layout: SliceLayout, nccl_timeout_s: float, job_dp: int,
                 kind: str) -> Path:
+    if kind in COMPOUND:  # its renderer is outside the engine's digest: its own digest beside it
+        digest = f"{digest}+{compound_digest()}"
     return cache_dir / f"{digest}-{layout.key}-t{nccl_timeout_s:g}-dp{job_dp}-{kind}.jsonl"
 
 
@@ -193,8 +198,8 @@ def measure(kinds: Mapping[str, str], layout: SliceLayout, *, nccl_timeout_s: fl
             path = _cache_file(cache_dir, digest, layout, nccl_timeout_s, job_dp, kind)
             have = _load(path) if use_cache else {}
             n, top = n_min, n_max
-            if cached_only and 0 in have:
-                n = top = next(i for i in range(len(have) + 1) if i not in have)
+            if cached_only:  # the cache's run of renders from 0 as it is; n_min renders of a kind it lacks
+                n = top = next(i for i in range(len(have) + 1) if i not in have) if 0 in have else n_min
             while True:
                 missing = [i for i in range(n) if i not in have]
                 args = [(kind, i, layout, fault_class, nccl_timeout_s, job_dp) for i in missing]

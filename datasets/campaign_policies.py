@@ -9,7 +9,9 @@ decisions (campaign_outcomes.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
+from faultlens.config import Config
 from faultlens.datasets.campaign import (
     CAUSES,
     STOPPED,
@@ -31,7 +33,7 @@ A = ActionType
 def _fix(k: FailureKind) -> tuple[str, int]:
     """The right action once the culprit is known: (action, machines out)."""
     if k.machine_fault:
-        return "evict", 1
+        return "evict", k.machines
     if k.rendered == "user_exception":
         return "rollback", 0
     return "restart", 0
@@ -71,7 +73,7 @@ def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attemp
         if k.fault_class == "fail_slow":
             return [Attempt(check_s, 0.0, "evict", 1, faulty_out=True)]
         detect = ctx.c(p, "crash_detect_s")
-        return [Attempt(detect, max(0.0, check_s - detect), "evict", 1, faulty_out=True)]
+        return [Attempt(detect, max(0.0, check_s - detect), "evict", k.machines, faulty_out=True)]
     if k.fault_class == "fail_slow":
         return human(ctx, f, k)
     detect = ctx.spec.get("nccl_timeout_s") if k.fault_class == "hang" else ctx.c(p, "crash_detect_s")
@@ -85,7 +87,9 @@ def blind_restart(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attemp
 
 RESOLVE: dict[str, str] = {FaultKind.GPU_LOST: "resolve_gpu_unavailable_s", FaultKind.ECC_UNCORRECTABLE: "resolve_gpu_memory_s",
            FaultKind.ROW_REMAP_FAILURE: "resolve_gpu_memory_s", FaultKind.NVLINK_ERROR: "resolve_cuda_s",
-           FaultKind.IB_LINK_PERSISTENT: "resolve_infiniband_s"}
+           FaultKind.IB_LINK_PERSISTENT: "resolve_infiniband_s",
+           # correlated events: machines gone (a rack's power) resolve like GPU unavailable, a leaf switch like IB
+           "rack_power": "resolve_gpu_unavailable_s", "leaf_switch": "resolve_infiniband_s"}
 
 
 def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
@@ -115,8 +119,10 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
         if k.rendered == "pcie_degradation":
             return [Attempt(seen("pcie_detect_s"), 0.0, "evict", 1, faulty_out=True)]
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
-    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg)
-        return [Attempt(seen("kernel_detect_s"), 0.0, "evict", 1, faulty_out=True)]
+    if k.rendered == "hung_task":  # a kernel event on one host (BR 4.1 host inspection of dmesg), once the
+        # kernel has written it (faultlens may open its hang incident sooner, from the steps and stacks)
+        return [Attempt(max(seen("kernel_detect_s"), ctx.c(p, "hung_task_timeout_s")), 0.0, "evict", 1,
+                        faulty_out=True)]
     if k.fault_class == "hang":
         return [Attempt(ctx.c(p, "hang_detect_s"), ctx.c(p, "aggregation_s"), "evict", group, faulty_out=True)]
     if k.rendered == "user_exception":
@@ -125,9 +131,10 @@ def group_evict(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]
     if not k.machine_fault:
         return [Attempt(ctx.c(p, "kernel_detect_s"), 0.0, "restart", fixed=k.restart_fixes)] + (
             [] if k.restart_fixes else human(ctx, f, k))
-    detect = seen("network_detect_s") if k.rendered.startswith("ib_") else seen("gpu_detect_s")
+    network = k.rendered.startswith("ib_") or k.rendered == "leaf_switch"
+    detect = seen("network_detect_s") if network else seen("gpu_detect_s")
     resolve = ctx.c(p, RESOLVE.get(k.rendered, "resolve_cuda_s"))
-    return [Attempt(detect, max(0.0, resolve - ctx.restart_floor(1)), "evict", 1, faulty_out=True)]
+    return [Attempt(detect, max(0.0, resolve - ctx.restart_floor(1)), "evict", k.machines, faulty_out=True)]
 
 
 def oracle(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
@@ -155,9 +162,16 @@ def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision
                        adapt_pause_s=d.adapt_pause_s)
     if act in (A.EVICT_NODES, A.ADAPT_PARALLELISM):
         fixed = (d.culprit_named and k.machine_fault) or k.restart_fixes
-        return Attempt(detect, decide, "evict", d.named, fixed=fixed, faulty_out=d.culprit_named)
+        named = d.named
+        if k.machines > 1 and d.culprit_named:  # a correlated event, rendered on RENDERED_MACHINES machines:
+            # the mix may say more; the guard rails evict at most their per-job cap in an hour (the rest stay)
+            guard = Config().guard
+            cap = min(guard.max_evictions_per_job_per_hour, max(1, int(guard.max_evicted_fraction * ctx.spec.nodes)))
+            named, fixed = min(k.machines, cap) + d.extra_machines, fixed and k.machines <= cap
+        return Attempt(detect, decide, "evict", named, fixed=fixed, faulty_out=d.culprit_named)
     if act == A.RUN_DIAGNOSTICS:  # stop-time checks, fallible (BR 9 recall); when they pass, a reattempt
-        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job("stop_time_check_s")
+        check = ctx.job("nan_resolution_s") if k.fault_class == "nan" else ctx.job(
+            "stop_time_check_kernel_s" if k.rendered == "hung_task" else "stop_time_check_s")  # BR Table 6's row
         # a NaN gets BR's whole procedure (EUD, bit-wise alignment, replay: Table 6's 4,289 s), as group_evict does
         if k.fault_class == "nan" or f.u_recall < ctx.job("diagnostics_recall"):
             action, machines = _fix(k)
@@ -181,6 +195,17 @@ def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
         raise ValueError(f"no measured faultlens decisions for {k.rendered} (kind {k.name})")
     stopped = k.fault_class in STOPPED
     first = _faultlens_first(ctx, f, k, d)
+    lead: list[Attempt] = []
+    ov = ctx.outcomes.get("overlap")
+    if f.overlap and ov and stopped and k.machine_fault and not draw(ov, f.u_overlap).right:
+        # it came while the one before was handled and the engine (measured on overlap renders) did not
+        # name it then: the job restarts without it out, stops again at once, and it is decided afresh
+        lead = [Attempt(0.0, 0.0, "restart", fixed=False)]
+    return lead + _faultlens_attempts(ctx, f, k, d, first)
+
+
+def _faultlens_attempts(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision, first: Attempt) -> list[Attempt]:
+    stopped = k.fault_class in STOPPED
     if stopped and first.detect_s is None:
         return blind_restart(ctx, f, k)
     if first.fixed or k.fault_class == "transient":
@@ -190,8 +215,23 @@ def faultlens(ctx: PolicyContext, f: Failure, k: FailureKind) -> list[Attempt]:
     if not stopped:
         return [first, second] if second is not None else [first]
     if second is None or second.detect_s is None:
-        return [first] + human(ctx, f, k)
-    return [first, second] if second.fixed else [first, second] + human(ctx, f, k)
+        return [first] + _handover(ctx, f, k, first, d)
+    return [first, second] if second.fixed else [first, second] + _handover(ctx, f, k, second, again)
+
+
+def _handover(ctx: PolicyContext, f: Failure, k: FailureKind, last: Attempt, d: Decision | None) -> list[Attempt]:
+    """People take over from faultlens: paged when faultlens sees the fault again (its own detection),
+    not after the NCCL timeout or the job's exit that policy none waits for; a hang whose machine
+    faultlens named is localised as an explicit fault (BR 2.2's 2-15 min), not by BR's > 1.5 h hunt
+    for an unknown machine."""
+    people = human(ctx, f, k)
+    if not people or people[0].detect_s is None or last.detect_s is None:
+        return people
+    first = replace(people[0], detect_s=last.detect_s + ctx.c("none", "page_s"))
+    if k.fault_class == "hang" and d is not None and d.culprit_named:
+        lo, hi = ctx.c("none", "localise_min_s"), ctx.c("none", "localise_max_s")
+        first = replace(first, localise_s=lo + f.u_localise * (hi - lo))
+    return [first] + people[1:]
 
 
 POLICY_FUNCS: dict[str, Callable[[PolicyContext, Failure, FailureKind], list[Attempt]]] = {
@@ -218,7 +258,9 @@ def simulate_policy(spec: CampaignSpec, failures: Sequence[Failure], mix: Mappin
         if tl.now >= end:
             dropped += 1
             continue
-        deferred += f.t < tl.now
+        if f.t < tl.now:
+            deferred += 1
+            f = replace(f, overlap=True)
         tl.run_until(f.t)
         k = mix[f.kind]
         attempts = handle(ctx, f, k)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from faultlens.datasets.campaign import (
     load_costs,
     load_mix,
 )
+from faultlens.datasets.campaign_compound import COMPOUND
 from faultlens.datasets.campaign_outcomes import Outcomes, measure, sample_noise
 from faultlens.datasets.campaign_policies import simulate_policy
 from faultlens.datasets.campaign_render import Decision, decide, decide_online
@@ -90,16 +92,18 @@ class CampaignRun:
 
 def measure_for(spec: CampaignSpec, mix: Mapping[str, FailureKind], costs: Mapping[str, Mapping[str, Cost]], *,
                 half_width: float = 0.05, n_min: int = 40, n_max: int = 200, workers: int = 1,
-                use_cache: bool = True, cached_only: bool = False,
-                progress: Callable[[str], None] | None = None) -> Outcomes:
+                use_cache: bool = True, cached_only: bool = False, overlap: bool = True,
+                cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Outcomes:
     """faultlens's measured decisions for every rendered kind of the mix, on the job's slice."""
     layout = spec.slice_layout()
     kinds = {k.rendered: k.fault_class for k in mix.values()}
+    if overlap and any(k.machine_fault and k.fault_class in STOPPED for k in mix.values()):
+        kinds["overlap"] = "fail_stop"  # a second machine fault while the first is handled (campaign_compound)
     late = float(costs["job"]["late_after_s"].value)
     return measure(kinds, layout, nccl_timeout_s=spec.get("nccl_timeout_s"),
                    job_dp=spec.gpus // (layout.tp * layout.pp), late_after_s=late, half_width=half_width,
                    n_min=n_min, n_max=n_max, workers=workers, use_cache=use_cache, cached_only=cached_only,
-                   progress=progress)
+                   cache_dir=cache_dir, progress=progress)
 
 
 def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2),
@@ -178,7 +182,7 @@ def bus_check(spec: CampaignSpec, mix: Mapping[str, FailureKind], n: int,
     """Render the first sample of ``n`` kinds again and send it through the embedded broker to the
     online DiagnosisService; returns (batch decision, bus decision) pairs."""
 
-    classes = {k.rendered: k.fault_class for k in mix.values()}
+    classes = {k.rendered: k.fault_class for k in mix.values() if k.rendered not in COMPOUND}  # one fault each
     order = [k for k in BUS_FIRST if k in classes] + sorted(set(classes) - set(BUS_FIRST))
     layout = spec.slice_layout()
     pairs: list[tuple[Decision, Decision]] = []

@@ -119,9 +119,10 @@ def test_a_wrong_eviction_recurs_and_is_decided_again():
     assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 500)
     assert r.standby_waits == 1 and r.machines_out == 2 and r.healthy_out == 1
     assert r.outcomes["wrong_machine"] == 1 and r.wrong == 1
-    # wrong twice: people take over (paged 960 s, 510 s by hand, another shortfall wait)
+    # wrong twice: people take over (paged on faultlens's detection: 5 + 1 + 900 s; 510 s by hand, another
+    # shortfall wait)
     r = run("faultlens", failures=[f], outcomes={"gpu_lost": [wrong]})
-    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 960 + 510 + 379 + 150 + 500)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(9 + 379 + 150 + 906 + 510 + 379 + 150 + 500)
     assert r.healthy_out == 2 and r.wrong == 2
 
 
@@ -130,10 +131,10 @@ def test_stop_time_checks_are_fallible(u_recall, fixed):
     diag = {"hung_task": [decision("hung_task", "run_diagnostics", expected_action="run_diagnostics", named=0)]}
     f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0, u_recall=u_recall)
     r = run("faultlens", failures=[f], outcomes=diag)
-    # the checks take 600 s after the 8 s decision; with recall 0.70 they find the machine (u < 0.7) or pass,
+    # the checks take 168 s (BR Table 6's kernel row) after the 8 s decision; with recall 0.70 they find the machine (u < 0.7) or pass,
     # and the in-place reattempt leaves the hang to recur; decided again, the same checks miss it again
     # (the same fault), then people
-    assert r.lost_by_cause["localisation"] == pytest.approx(3.0 + 600.0)
+    assert r.lost_by_cause["localisation"] == pytest.approx(3.0 + 168.0)
     assert (r.lost_by_cause["recurrence"] == 0.0) is fixed and r.wrong == (0 if fixed else 2)
 
 
@@ -330,3 +331,25 @@ def test_measured_decisions_are_read_back_by_code_digest(tmp_path):
     assert out.accuracy("gpu_lost")[3] == 3 and out.counts("gpu_lost")["wrong_machine"] == 1
     # another digest (the code changed) is another file: nothing read back from this one
     assert _cache_file(tmp_path, "0" * 16, layout, 1800.0, 128, "gpu_lost") != path
+
+
+def test_group_eviction_sees_a_hung_task_when_the_kernel_writes_it():
+    # faultlens's hang incident opened 50 s after the stall; the kernel's line comes at 120 s
+    diag = {"hung_task": [decision("hung_task", "run_diagnostics", expected_action="run_diagnostics", detect_s=50.0)]}
+    f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0)
+    assert run("group_evict", failures=[f], outcomes=diag).lost_by_cause["detection"] == pytest.approx(120.0)
+
+
+def test_people_taking_over_from_faultlens_are_paged_on_its_detection():
+    # the checks miss twice (u_recall 0.9): people take the hang over, paged when faultlens sees it again
+    # (5 s + 1 s online path + the 900 s page), not after the 1,800 s NCCL timeout policy none waits for
+    diag = {"hung_task": [decision("hung_task", "run_diagnostics", expected_action="run_diagnostics", named=1)]}
+    f = Failure(t=2500.0, kind="hung_task", u_draw=0.0, u_localise=0.0, episode_s=0.0, u_recall=0.9)
+    r = run("faultlens", failures=[f], outcomes=diag)
+    none = run("none", failures=[f], outcomes=diag)
+    assert none.lost_by_cause["detection"] == pytest.approx(1800.0 + 60.0 + 900.0)
+    assert r.lost_by_cause["detection"] == pytest.approx(6.0)
+    # recurrence: the second look (6 + 3 + 168 s), people paged (6 + 900 s) who localise the named machine as
+    # an explicit fault (120 s at u_localise 0, not the 1,800 s hunt of a hang), two restarts (100 + 100 + 50 s)
+    # and the recompute since the last checkpoint at each stop (100 s, then 700 s: 1,000 s checkpoints)
+    assert r.lost_by_cause["recurrence"] == pytest.approx(6 + 3 + 168 + 100 + 100 + 6 + 900 + 120 + 150 + 700)
