@@ -301,10 +301,9 @@ class CounterRules:
         if run is None:
             return
         self._touched.add(node)
-        if isinstance(run.last, GpuSample):
-            gpus = run.last.gpus
-        elif run.samples:
-            gpus = run.last.record().gpus
+        gpus: list[Any]
+        if isinstance(run.last, GpuSample) or run.samples:  # a run of GpuSamples, or of columns since it began
+            gpus = run.last.gpus if isinstance(run.last, GpuSample) else run.last.record().gpus
             for g in gpus:
                 self._gpus[(node, g.index)].last = g
         else:  # no sample since the run began: each GPU's last is the one that began it
