@@ -15,7 +15,7 @@ the figures (a loaded 2-core machine stretches the seconds, not the memory).
     python benchmarks/batch_scale.py --sizes 2048 --profile /tmp/p2048.prof
 
 Last line: JSON {"bench": "batch_scale", "sizes": [{"gpus", "seconds", "peak_rss_mb", "load_before",
-"load_after", ...}], "seconds_per_gpu_growth": ...}.
+"load_after", "cpu_seconds", ...}], "seconds_per_gpu_growth": ...}.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def _size_mb(d: Path) -> float:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) / 1e6
 
 
-def _diagnose(d: Path, out: Path, profile: str | None) -> tuple[float, float, int, str]:
-    """Run `faultlens diagnose` as a child; (wall s, its peak RSS MB, return code, stdout tail)."""
+def _diagnose(d: Path, out: Path, profile: str | None) -> tuple[float, float, float, int, str]:
+    """Run `faultlens diagnose` as a child; (wall s, its CPU s (user + sys), its peak RSS MB, return code,
+    stdout tail). CPU seconds move much less than wall seconds with the machine's load."""
     cmd = [sys.executable]
     if profile:
         cmd += ["-m", "cProfile", "-o", profile]
@@ -68,7 +69,7 @@ def _diagnose(d: Path, out: Path, profile: str | None) -> tuple[float, float, in
         wall = time.perf_counter() - t0
         log.seek(0)
         tail = log.read()[-600:]
-    return wall, usage.ru_maxrss / 1024.0, proc.returncode, tail
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode, tail
 
 
 def _evicted(out: Path) -> list[str]:
@@ -97,7 +98,7 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     try:
-        print(f"{'GPUs':>6} {'nodes':>6} {'input MB':>9} {'write s':>8} {'diagnose s':>11} {'peak RSS MB':>12} "
+        print(f"{'GPUs':>6} {'nodes':>6} {'input MB':>9} {'write s':>8} {'diagnose s':>11} {'CPU s':>7} {'peak RSS MB':>12} "
               f"{'load before/after':>18}  evicted")
         for gpus in sizes:
             t0 = time.perf_counter()
@@ -106,14 +107,14 @@ def main() -> int:
             out = root / f"out-{gpus}"
             shutil.rmtree(out, ignore_errors=True)
             before = os.getloadavg()[0]
-            wall, rss, rc, tail = _diagnose(d, out, args.profile if gpus == max(sizes) else None)
+            wall, cpu, rss, rc, tail = _diagnose(d, out, args.profile if gpus == max(sizes) else None)
             after = os.getloadavg()[0]
             ev = _evicted(out)
             row = {"gpus": gpus, "nodes": gpus // GPUS_PER_NODE, "input_mb": round(_size_mb(d), 1),
-                   "seconds": round(wall, 2), "peak_rss_mb": round(rss, 1), "load_before": round(before, 2),
+                   "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "peak_rss_mb": round(rss, 1), "load_before": round(before, 2),
                    "load_after": round(after, 2), "rc": rc, "evicted": ev}
             rows.append(row)
-            print(f"{gpus:>6} {row['nodes']:>6} {row['input_mb']:>9} {written:>8.1f} {wall:>11.2f} {rss:>12.1f} "
+            print(f"{gpus:>6} {row['nodes']:>6} {row['input_mb']:>9} {written:>8.1f} {wall:>11.2f} {cpu:>7.1f} {rss:>12.1f} "
                   f"{before:>8.2f}/{after:<8.2f}  {','.join(ev) or '-'}")
             if rc != 0:
                 print(tail, file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,10 +97,12 @@ def _estimated(fields: dict[str, Any], anchor: str) -> dict[str, Any]:
     return {**fields, "ts_estimated": True, "ts_anchor": anchor}
 
 
-def anchor_kernel(recs: list[KernelEvent], clock: NodeClock, samples: list[GpuSample],
-                   nccl: list[NcclEvent]) -> list[KernelEvent]:
+def anchor_kernel(recs: list[KernelEvent], clock: NodeClock,
+                  samples: list[GpuSample] | Callable[[], list[GpuSample]],
+                  nccl: list[NcclEvent]) -> list[KernelEvent]:
     """Boot-relative records onto the node's clock (see the module doc); year-less ones to the right year;
-    records before the file's first time (the parser gave them 0) to that first time."""
+    records before the file's first time (the parser gave them 0) to that first time. ``samples``: the node's
+    NVML samples in time order, or a function that reads them (called only when a record needs them)."""
     relative: list[bool | None] = []  # None: no time seen yet in the file
     rel = None
     for r in recs:
@@ -135,7 +138,8 @@ def anchor_kernel(recs: list[KernelEvent], clock: NodeClock, samples: list[GpuSa
     return out
 
 
-def _boot_time(relative: list[KernelEvent], clock: NodeClock, samples: list[GpuSample],
+def _boot_time(relative: list[KernelEvent], clock: NodeClock,
+               samples: list[GpuSample] | Callable[[], list[GpuSample]],
                nccl: list[NcclEvent]) -> tuple[float | None, str | None]:
     """The node's estimated boot time and how it was found (see the module doc)."""
     if clock.first_ts is None:
@@ -151,6 +155,8 @@ def _boot_time(relative: list[KernelEvent], clock: NodeClock, samples: list[GpuS
         changes = HARDWARE_ANCHORS.get(r.xid) if r.xid is not None else HARDWARE_ANCHORS.get(r.kind)
         if not changes:
             continue
+        if callable(samples):
+            samples = samples()  # a streamed node's samples, read again only for a record they can anchor
         seen = _first_change(samples, changes, r.gpu)
         if seen is not None and plausible(seen - r.ts):
             return seen - r.ts, "hardware"

@@ -221,12 +221,19 @@ class DiagnosisEngine:
             self.set_topology(record)
         elif isinstance(record, GpuSample):
             sample = self._known_gpus_only(record)
-            for f in self.state.counters.observe(sample):
-                self._file_finding(f)
+            counters = self.state.counters
+            # Batch: a sample repeating its node's counters skips the rules (none can fire on it); the
+            # detectors and workflows still read it. Online runs are of columns only (a checkpoint keeps them).
+            steady = columns is None and self.mode is BATCH and counters.steady_sample(sample)
+            if not steady:
+                for f in counters.observe(sample):
+                    self._file_finding(f)
             for wf in self._readers.get(GpuSample, ()):
                 wf.observe(self, sample, "")
             if columns is not None and sample is record and not self.state.detectors:
-                self.state.counters.begin_run(columns, sample)  # the next samples like this one take the steady path
+                counters.begin_run(columns, sample)  # the next samples like this one take the steady path
+            elif not steady and columns is None and self.mode is BATCH and sample is record:
+                counters.begin_sample_run(sample)
         elif isinstance(record, KernelEvent):
             self._on_line(record, self.job_of_node(record.node))
         elif isinstance(record, NcclEvent):

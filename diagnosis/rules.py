@@ -105,7 +105,8 @@ class _SteadyRun:
 
     key: tuple[Any, ...]  # the counters' bytes of the run's samples (CounterRules._key)
     ts: deque  # the rate windows' times, the last one the newest sample's
-    last: Any  # the newest sample (faultlens.decode.GpuColumns): each GPU's ``last`` when the run ends
+    last: Any  # the newest sample (faultlens.decode.GpuColumns, or a GpuSample: steady_sample): each GPU's
+    # ``last`` when the run ends
     samples: int = 0  # samples taken into the run since it began
 
 
@@ -150,9 +151,11 @@ class CounterRules:
         self._vanish = max((r.vanished_samples for r in self.rules if r.field == "lost"), default=0)
         self._present: dict[str, dict[int, int]] = {}  # node -> GPU index -> samples in a row it was missing
         self._runs: dict[str, _SteadyRun] = {}  # node -> its steady run (see the class docstring)
+        self._run_times: list[float] = []  # _begin_run's result: the rate windows' shared times
         # What a run compares: the GPU index and every field a rule reads. Runs need rate rules on distinct
         # fields with one window (their histories then hold the same times) and the steady path at all.
         self._key_fields = tuple(sorted({"index", *(r.field for r in self.rules)}))
+        self._sample_key = attrgetter(*self._key_fields)  # the same fields read from a GpuState (steady_sample)
         windows = {r.window_s for r in self._rates}
         self._runs_ok = self._steady_ok and len({r.field for r in self._rates}) == len(self._rates) and len(windows) <= 1
         self._window = windows.pop() if windows else 0.0
@@ -206,15 +209,52 @@ class CounterRules:
         run.samples += 1
         return True
 
+    def steady_sample(self, sample: GpuSample) -> bool:
+        """``steady`` for a sample already read as its record (the batch path: GpuSample, not columns):
+        True when its GPUs repeat the key fields of the node's run (a run begun by ``begin_sample_run``)."""
+        run = self._runs.get(sample.node)
+        if run is None:
+            return False
+        ts = sample.ts
+        times = run.ts
+        if ts < times[-1] or tuple(map(self._sample_key, sample.gpus)) != run.key:
+            self.end_run(sample.node)
+            return False
+        times.append(ts)
+        window = self._window
+        while len(times) > 2 and ts - times[1] >= window:
+            times.popleft()
+        run.last = sample
+        run.samples += 1
+        return True
+
+    def begin_sample_run(self, sample: GpuSample) -> bool:
+        """``begin_run`` for a GpuSample (``steady_sample`` then takes the ones that repeat it). Only where no
+        checkpoint is written (the batch engine): a checkpoint stores runs of columns."""
+        if not sample.gpus or not self._begin_run(sample, len(sample.gpus)):
+            return False
+        self._runs[sample.node] = _SteadyRun(tuple(map(self._sample_key, sample.gpus)), deque(self._run_times), sample)
+        self._touched.add(sample.node)
+        return True
+
     def begin_run(self, columns: Any, sample: GpuSample) -> bool:
         """After ``observe(sample)`` of ``columns.record()``: start the node's steady run when every GPU is
         quiet and each rate window holds the GPU's current value only, at the same times for every GPU."""
+        if not self._begin_run(sample, columns.n):
+            return False
+        self._runs[sample.node] = _SteadyRun(self._key(columns), deque(self._run_times), columns)
+        self._touched.add(sample.node)
+        return True
+
+    def _begin_run(self, sample: GpuSample, n: int) -> bool:
+        """Whether the node's run may begin after ``sample`` (of ``n`` GPUs); if so the GPUs' rate windows
+        are emptied and their shared times left in ``_run_times``."""
         node = sample.node
         if not self._runs_ok or node in self._runs:
             return False
         gpus = sample.gpus
         indexes = {g.index for g in gpus}
-        if not gpus or len(indexes) != len(gpus) or len(gpus) != columns.n:
+        if not gpus or len(indexes) != len(gpus) or len(gpus) != n:
             return False
         if self._vanish and set(self._present.get(node, {})) != indexes:
             return False  # a GPU that vanished is being counted: each sample matters until it is lost
@@ -241,8 +281,7 @@ class CounterRules:
         for g in gpus:
             for rule in self._rates:
                 memory[(node, g.index)].history[rule.field].clear()
-        self._runs[node] = _SteadyRun(self._key(columns), deque(times), columns)
-        self._touched.add(node)
+        self._run_times = times
         return True
 
     def end_run(self, node: str) -> None:
@@ -252,8 +291,9 @@ class CounterRules:
         if run is None:
             return
         self._touched.add(node)
-        if run.samples:
-            gpus = run.last.record().gpus
+        gpus: list[Any]
+        if isinstance(run.last, GpuSample) or run.samples:  # a run of GpuSamples, or of columns since it began
+            gpus = run.last.gpus if isinstance(run.last, GpuSample) else run.last.record().gpus
             for g in gpus:
                 self._gpus[(node, g.index)].last = g
         else:  # no sample since the run began: each GPU's last is the one that began it

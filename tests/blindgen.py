@@ -33,6 +33,8 @@ KINDS = (
     # issue 36: the driver's stated recovery (Xid 154 after 109/119/120/79), application Xids with
     # their tracebacks (Xid 43 alone too), one rank's "CUDA error: unknown error" on a failing GPU
     "xid154_recovery", "xid_app_traceback", "cuda_unknown_failing_gpu",
+    # the collective's watchdog a whole timeout later (PyTorch's default 30 min) after an Xid 48/79/94
+    "late_watchdog",
 )
 
 # PCI buses as nvidia-smi prints them on real boards (DGX A100, HGX H100, 4-GPU servers).
@@ -237,12 +239,12 @@ class _Writer:
         who = f"pid={pid}, name={name}" if pid else "pid='<unknown>', name=<unknown>"
         return f"NVRM: Xid (PCI:0000:{self.bus(gpu)}:00): {code}, {who}, {text}"
 
-    def watchdogs(self, ts: float, ranks: list[int], seq: int) -> None:
+    def watchdogs(self, ts: float, ranks: list[int], seq: int, timeout_s: int = 600) -> None:
         """ProcessGroupNCCL watchdog timeouts on ``ranks`` at ``ts`` (glog prefix, torchrun rank prefix)."""
         for r in ranks:
             t = time.gmtime(ts + r * 0.003)
             glog = f"E{t.tm_mon:02d}{t.tm_mday:02d} {time.strftime('%H:%M:%S', t)}.{self.rng.randint(0, 999999):06d} {self.pid[r]}"
-            self.nccl[self.node_of(r)].append((r, f"[rank{r}]:[{glog} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for 600{self.rng.randint(10, 99):03d} milliseconds before timing out."))
+            self.nccl[self.node_of(r)].append((r, f"[rank{r}]:[{glog} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)={timeout_s * 1000}) ran for {timeout_s}{self.rng.randint(10, 99):03d} milliseconds before timing out."))
             self.nccl[self.node_of(r)].append((r, f"[rank{r}]:[{glog} ProcessGroupNCCL.cpp:1664] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Exception (either an error or timeout) detected by watchdog at work: {seq}, last enqueued NCCL work: {seq}, last completed NCCL work: {seq - 1}."))
 
     def traceback(self, ranks: list[int], exc: list[str], prefix: str = "rank") -> None:
@@ -518,6 +520,24 @@ def _inject(w: _Writer) -> None:  # noqa: C901 - one branch per fault kind, each
             w.kernel[node].append((ft + 1.5, w.xid(g, 45, "Ch 00000010", w.pid[rank])))
         w.watchdogs(ft + 600 + rng.uniform(0, 5), list(range(w.n_ranks)), 5000 + fault_step)
         sc.truth = T(culprits=one, any_of=evict_or_diag, text=f"evict {node}")
+    elif kind == "late_watchdog":
+        # A machine fault and, a whole timeout later (PyTorch's default 30 min, or NCCL_TIMEOUT-style 10 min),
+        # every rank's watchdog naming that timeout: the stall began at the fault (tests/fixtures/late_symptoms).
+        # The Xid's own incident is the verdict; the late watchdog must not open a second one with its restart.
+        w.stop_step = fault_step
+        code, timeout_s = rng.choice((48, 79, 94)), rng.choice((1800, 1800, 600))
+        text = {48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+                79: "GPU has fallen off the bus.", 94: "Contained ECC error."}[code]
+        w.kernel[node].append((ft, w.xid(g, code, text, w.pid[rank] if code != 79 else None)))
+        if code == 79:
+            w.gpu_mod(lambda n, i, ts, st: st.update(_gone=True) if n == node and i == g and ts > ft else None)
+        else:
+            w.gpu_mod(lambda n, i, ts, st: st.update(ecc_dbe=1) if n == node and i == g and ts > ft else None)
+        w.watchdogs(ft + timeout_s + rng.uniform(0.5, 3.0), list(range(w.n_ranks)), 6000 + fault_step, timeout_s)
+        acc = (("evict_nodes", one),) if code == 79 else evict_or_diag if code == 48 else \
+            (("restart_job", None), *evict_or_diag)
+        sc.truth = T(culprits=one, any_of=acc, text=f"{'evict' if code == 79 else 'evict / diag / restart'} {node}"
+                     f" (Xid {code}, watchdog {timeout_s // 60} min later)")
     elif kind in ("xid94", "xid95"):
         w.stop_step = fault_step
         code = 94 if kind == "xid94" else 95

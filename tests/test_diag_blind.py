@@ -51,6 +51,8 @@ def _raised(incidents: list[Any]) -> list[Any]:
     ("ib_down", 82, {"hard": True, "distract": "xid63", "kfmt": "dmesg_T", "n_steps": 260}),
     # a 5-15 minute checkpoint save the framework announces: every rank silent, no hang, no action
     ("ckpt_pause", 3, {"n_steps": 260}),
+    # an Xid 79 whose collective's watchdog fires PyTorch's default 30 minutes later: one fault, the Xid's eviction
+    ("late_watchdog", 3, {"n_steps": 260}),
 ])
 def test_blind_scenario_gets_the_accepted_action(kind: str, seed: int, force: dict[str, Any], tmp_path: Path) -> None:
     sc = Scenario(kind, kind, seed, list(NODES), 4, force=force)
@@ -58,6 +60,8 @@ def test_blind_scenario_gets_the_accepted_action(kind: str, seed: int, force: di
     ok, why = sc.truth.judge(actions)
     assert ok, f"{kind}: wanted {sc.truth.text}; {why}"
     assert not [i for i in incidents if i.kind == "fabric_storm"]
+    if kind == "late_watchdog":  # the watchdog is the Xid's symptom: no incident of its own, no restart
+        assert [i.kind for i in incidents] == ["gpu_lost"] and [a["type"] for a in actions] == ["evict_nodes"]
 
 
 def test_corrected_aer_events_on_a_healthy_node_raise_nothing(tmp_path: Path) -> None:
