@@ -287,7 +287,10 @@ class LocalGuardLog:
     the caps' look-back (two hours of event time, as ``GuardBook`` keeps) on, the last
     ``MAX_RESETS`` resets before it (``guard status`` lists them), and a trip for each breaker
     still open that those would not re-open. Appends and the rewrite hold ``<path>.lock``; a reader
-    that finds a new file reads it from its start (events it has folded are skipped by id)."""
+    that finds a new file reads it from its start (events it has folded are skipped by id). A file is
+    known by its inode and its first line, which a rewrite makes a new ``generation`` event: a
+    filesystem reuses a replaced file's inode at once, so the inode alone would have a holder read
+    a rewritten file from its old offset and miss what was appended (a reset)."""
 
     COMPACT_SLACK = 2000
 
@@ -295,7 +298,7 @@ class LocalGuardLog:
         self.book = GuardBook(config)
         self.path = Path(path) if path else None
         self._read_bytes = 0
-        self._inode = 0
+        self._ident: tuple[int, bytes] = (0, b"")  # the file read: its inode and first line
         self._events = 0  # events in the file as read
         self._compacted = 0  # events the last compaction left
         self.compactions = 0
@@ -309,9 +312,9 @@ class LocalGuardLog:
         if self.path is None or not self.path.exists():
             return
         with self.path.open("rb") as f:
-            inode = os.fstat(f.fileno()).st_ino
-            if inode != self._inode:  # compacted (by this process or another): read the new file whole
-                self._inode, self._read_bytes, self._events = inode, 0, 0
+            ident = (os.fstat(f.fileno()).st_ino, f.readline(1024))
+            if ident != self._ident:  # compacted (by this process or another): read the new file whole
+                self._ident, self._read_bytes, self._events = ident, 0, 0
             f.seek(self._read_bytes)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a half-written last line waits for its end
@@ -384,7 +387,7 @@ class LocalGuardLog:
         trips = [t for t in self.book.open_breakers()
                  if (t["scope"] == "fleet" and again.fleet_breaker is None)
                  or (t["scope"] == "job" and t["job"] not in again.job_breakers)]
-        out = head + trips + kept
+        out = [{"type": "generation", "gen": uuid.uuid4().hex}] + head + trips + kept  # no eid: never folded
         if trips:
             again = _fold(self.book.config, out)
         if _view(again) != _view(self.book):
@@ -404,8 +407,9 @@ class LocalGuardLog:
             os.close(fd)
         for t in trips:
             self.book._seen[t["eid"]] = None
-        st = self.path.stat()
-        self._inode, self._read_bytes, self._events = st.st_ino, st.st_size, len(out)
+        with self.path.open("rb") as f:
+            self._ident = (os.fstat(f.fileno()).st_ino, f.readline(1024))
+            self._read_bytes, self._events = os.fstat(f.fileno()).st_size, len(out)
         self._compacted = len(out)
         self.compactions += 1
         return True
