@@ -55,6 +55,7 @@ import orjson
 
 from faultlens.config import BusConfig, GuardConfig
 from faultlens.errors import BusError
+from faultlens.files import replace_lines
 from faultlens.stream import topics
 from faultlens.stream.bus import Producer, ensure_topics
 from faultlens.stream.bus.replay_log import ReplayLog
@@ -394,17 +395,7 @@ class LocalGuardLog:
             log.error("guard log %s: a compaction would fold differently; the file is kept whole", self.path)
             self._compacted = self._events
             return False
-        tmp = self.path.with_name(self.path.name + ".compact")
-        with tmp.open("wb") as f:
-            f.write(b"".join(orjson.dumps(e) + b"\n" for e in out))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_lines(self.path, (orjson.dumps(e) for e in out))
         for t in trips:
             self.book._seen[t["eid"]] = None
         with self.path.open("rb") as f:

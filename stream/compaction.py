@@ -29,7 +29,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.stream.lake import MANIFEST_DIR, fsync_dir, write_parquet_atomic
+from faultlens.files import fsync_dir
+from faultlens.stream.lake import MANIFEST_DIR, write_parquet_atomic
 
 RECORD_DIR = f"{MANIFEST_DIR}/compactions"
 

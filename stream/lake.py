@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from faultlens import schema
 from faultlens.errors import LakeError
+from faultlens.files import fsync_dir
 
 MANIFEST_DIR = "_manifest"
 PARQUET_COMPRESSION = "zstd"
@@ -54,14 +55,6 @@ def hour_path(table: str, hour_index: int) -> str:
     """``<table>/date=YYYY-MM-DD/hour=HH`` of an hour counted from the epoch (UTC)."""
     t = _dt.datetime.fromtimestamp(hour_index * 3600, _dt.UTC)
     return f"{table}/date={t:%Y-%m-%d}/hour={t:%H}"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def dictionary_columns(schema_: pa.Schema) -> list[str]:

@@ -37,8 +37,9 @@ import pyarrow.parquet as pq
 
 from faultlens.config import RetentionConfig
 from faultlens.errors import ConfigError
+from faultlens.files import fsync_dir
 from faultlens.stream.dedupe import SeqCompaction, compact_seq_files
-from faultlens.stream.lake import MANIFEST_DIR, fsync_dir
+from faultlens.stream.lake import MANIFEST_DIR
 
 LOCK_FILE = f"{MANIFEST_DIR}/readers.lock"
 EXPIRED_DIR = f"{MANIFEST_DIR}/expired"

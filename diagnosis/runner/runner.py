@@ -72,6 +72,7 @@ from faultlens.diagnosis.runner.adapter_base import (
 from faultlens.diagnosis.runner.adapter_dryrun import DryRunAdapter
 from faultlens.diagnosis.runner.adapters import make_adapter
 from faultlens.errors import BusError, ConfigError, LakeError, SchemaError
+from faultlens.files import replace_lines
 from faultlens.metrics import ServiceMetrics, observe_consumer_lag
 from faultlens.schema import Action, ActionStatus, DeadLetter
 from faultlens.stream import topics
@@ -271,17 +272,7 @@ class Ledger:
                 entries.append(entry)
         entries.extend({"action_id": e.action_id, "executing": True, "nodes": list(e.nodes), "ts": e.ts}
                        for e in self.executions)
-        tmp = self.path.with_name(self.path.name + ".compact")
-        with tmp.open("wb") as f:
-            f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_lines(self.path, (orjson.dumps(e) for e in entries))
         self._lines = self._compacted_lines = len(entries)
         self.compactions += 1
         return len(forgotten)
