@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,21 +256,7 @@ class Cluster:
 
     def last_step(self, since: float = 0.0) -> tuple[int, float] | None:
         """The highest step any rank of this job recorded after ``since`` (unix s) and when."""
-        best = None
-        for n in self.vnodes:
-            for f in (n.dir / "steps").glob(f"steps-{self.job}-*.jsonl"):
-                try:
-                    lines = f.read_bytes().splitlines()[-3:]
-                except OSError:
-                    continue
-                for line in lines:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("ts", 0) > since and (best is None or rec["step"] > best[0]):
-                        best = (rec["step"], rec["ts"])
-        return best
+        return newest_step((n.dir / "steps" for n in self.vnodes), self.job, since)
 
     def stop(self) -> None:
         try:
@@ -316,3 +303,23 @@ def _procs_env(attempt: str) -> list[tuple[int, dict[bytes, bytes]]]:
 def job_pids(attempt: str) -> list[int]:
     """Every process of one attempt (launchers, ranks, DataLoader workers)."""
     return [pid for pid, _ in _procs_env(attempt)]
+
+
+def newest_step(step_dirs: Iterable[Path], job: str, since: float = 0.0) -> tuple[int, float] | None:
+    """The highest step any rank of ``job`` recorded in these StepReporter folders after ``since``
+    (unix s), and when: the last lines of each rank's file are enough."""
+    best = None
+    for d in step_dirs:
+        for f in d.glob(f"steps-{job}-*.jsonl"):
+            try:
+                lines = f.read_bytes().splitlines()[-3:]
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("ts", 0) > since and (best is None or rec["step"] > best[0]):
+                    best = (rec["step"], rec["ts"])
+    return best

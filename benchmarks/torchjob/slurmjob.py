@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.torchjob.cluster import newest_step
+
 REPO = Path(__file__).resolve().parents[2]
 TASK = Path(__file__).resolve().parent / "slurm_task.py"
 POLICIES = ("faultlens", "restart-only", "none")
@@ -172,21 +174,7 @@ exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {sys.executable} {TASK} {self
 
     def last_step(self, since: float = 0.0) -> tuple[int, float] | None:
         """The highest step any rank of the job recorded after ``since`` (unix s) and when."""
-        best = None
-        for node in self.slurm.node_names:
-            for f in (self.node_dir(node) / "steps").glob(f"steps-{self.job}-*.jsonl"):
-                try:
-                    lines = f.read_bytes().splitlines()[-3:]
-                except OSError:
-                    continue
-                for line in lines:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("ts", 0) > since and (best is None or rec["step"] > best[0]):
-                        best = (rec["step"], rec["ts"])
-        return best
+        return newest_step((self.node_dir(n) / "steps" for n in self.slurm.node_names), self.job, since)
 
     def step_records(self) -> list[dict[str, Any]]:
         """Every step record of rank 0 (all attempts), in file order."""
