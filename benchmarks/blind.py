@@ -113,7 +113,7 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="4 scenarios")
-    ap.add_argument("--quick", action="store_true", help="36 scenarios (two of each kind)")
+    ap.add_argument("--quick", action="store_true", help="36 scenarios (the kinds in turn: each at least once)")
     ap.add_argument("--count", type=int, default=90)
     ap.add_argument("--seed", type=int, default=1, help="first scenario seed")
     ap.add_argument("--only", default="", help="comma-separated kinds")
