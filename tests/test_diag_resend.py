@@ -124,3 +124,12 @@ def test_what_is_kept_for_a_resend_is_bounded_by_relevance() -> None:
     r.status(ActionStatus(ts=now, action_id="a2", job="j", status="dry_run", adapter="dryrun", detail=""))
     kept = r.due({"i1"})
     assert sorted((type(k).KIND, k.id) for k in kept) == [("actions", "a1"), ("incidents", "i1")]
+
+
+def test_a_consumer_that_found_its_offsets_went_back_is_a_loss_once() -> None:
+    r = OutputResend()
+    assert not r.lost(None, input_resets=0)
+    assert r.lost(None, input_resets=3)  # the service's consumer read a recreated log from its start
+    assert not r.lost(None, input_resets=3)  # the same loss: resent once
+    r.suspect()  # the changelog could not be written
+    assert r.lost(None)

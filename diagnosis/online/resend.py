@@ -2,8 +2,11 @@
 
 The service keeps what it sent (incidents, actions, commands, action status) while it is still
 relevant: everything for ``retain_s``, then open incidents and actions no action-status has settled.
-It notices a loss the way an agent does: a partition's acknowledged offsets went back between two
-flushes (a memory-only broker restarted and its topics were made again), or a topic's id changed.
+It notices a loss as an agent or the lake's reader does: the service's own consumer found its input
+or repartition offsets went back (``Consumer.resets``: a memory-only broker restarted and its topics
+were made again), the changelog could not be written, a partition's acknowledged offsets went back
+between flushes (the kafka-python producer: librdkafka reports only failed deliveries), or an output
+topic's id changed.
 Then every kept output is sent again under its own id: the runner's ledger executes an action id
 once and an incident is keyed by its id, so a resend is harmless and the lake ends with them all.
 """
@@ -43,6 +46,7 @@ class OutputResend:
         self.settled: set[str] = set()  # action ids an action-status settled
         self._high: dict[tuple[str, int], int] = {}
         self._topic_ids: dict[str, str] = {}
+        self._resets = 0  # the consumer's count of partitions whose log went back, as last seen
         self.pending = False  # a resend that has not gone out yet (its flush failed): tried again next round
         self._suspected = False  # a checkpoint failed since the last that was written (suspect() arms once)
         self.losses = 0  # broker losses noticed
@@ -68,16 +72,13 @@ class OutputResend:
     def checkpointed(self) -> None:
         self._suspected = False
 
-    def lost(self, producer: Any, futures: Iterable[Any] = ()) -> bool:
-        """After a flush: True when the broker lost what it had acknowledged (offsets went back
-        between flushes, or an output topic's id changed)."""
+    def lost(self, producer: Any, futures: Iterable[Any] = (), *, input_resets: int = 0) -> bool:
+        """After a flush: True when the broker lost what it had acknowledged (the consumer's offsets or
+        the producer's went back, or an output topic's id changed)."""
+        reset, self._resets = input_resets > self._resets, max(self._resets, input_resets)
         low: dict[tuple[str, int], int] = {}
         high: dict[tuple[str, int], int] = {}
-        acked = list(_offsets(futures))
-        take = getattr(producer, "take_acked", None)
-        if take is not None:
-            acked.extend(take())
-        for topic, partition, offset in acked:
+        for topic, partition, offset in _offsets(futures):
             tp = (topic, partition)
             low[tp] = min(offset, low.get(tp, offset))
             high[tp] = max(offset, high.get(tp, offset))
@@ -95,7 +96,7 @@ class OutputResend:
                 continue
             changed = changed or self._topic_ids.get(kind, tid) != tid
             self._topic_ids[kind] = tid
-        return went_back or changed or self.pending
+        return reset or went_back or changed or self.pending
 
     def due(self, open_ids: set[str]) -> list[Any]:
         """Every output still relevant, oldest first (forgets the rest)."""
@@ -136,10 +137,12 @@ def _offsets(futures: Iterable[Any]) -> Iterable[tuple[str, int, int]]:
 
 
 
-def resend_if_lost(resend: OutputResend, producer: Any, futures: Iterable[Any], states: dict[str, Any]) -> int:
+def resend_if_lost(resend: OutputResend, producer: Any, futures: Iterable[Any], states: dict[str, Any],
+                   consumer: Any = None) -> int:
     """After a round's flush: when the broker lost what it had acknowledged, send every kept output again
     and checkpoint every job afresh (the changelog went with it). Returns how many were resent."""
-    if not resend.lost(producer, futures):
+    resets = getattr(consumer, "resets", 0) if consumer is not None else 0
+    if not resend.lost(producer, futures, input_resets=resets if isinstance(resets, int) else 0):
         return 0
     open_ids = {i.id for st in states.values() for i in st.engine.book.open_incidents()}
     due = resend.due(open_ids)

@@ -476,7 +476,7 @@ class DiagnosisService:
             st.outbox = []
             st.dirty = True  # the emptied outbox is checkpointed next round
         acks, self._acks = self._acks, []
-        resend_if_lost(self.resend, producer, acks, self.states)
+        resend_if_lost(self.resend, producer, acks, self.states, self._rep_consumer)
 
     def _sealed(self, partition: int, key: str, value: bytes) -> bytes:
         """A changelog record signed with diagnosis's key for its place, when [keys] are configured:

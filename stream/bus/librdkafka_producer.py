@@ -93,7 +93,6 @@ class ConfluentProducer(Producer):
         conf.update(confluent_security(kw))
         self._ck = ck
         self._failed: list[str] = []
-        self._acked: dict[tuple[str, int], tuple[int, int]] = {}
         self._topics: dict[str, str] = {}  # kind -> topic name (send_raw runs once per forwarded record)
         self._unpolled = 0  # sends since the last poll for delivery reports
         try:
@@ -102,21 +101,8 @@ class ConfluentProducer(Producer):
             raise BusError(f"cannot make a producer for {servers}: {exc}") from exc
 
     def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            if len(self._failed) < 100:
-                self._failed.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-            return
-        offset = msg.offset()
-        if offset is not None and offset >= 0:  # the lowest and highest acknowledged per partition (take_acked)
-            tp = (msg.topic(), msg.partition())
-            lo, hi = self._acked.get(tp, (offset, offset))
-            self._acked[tp] = (min(lo, offset), max(hi, offset))
-
-    def take_acked(self) -> list[tuple[str, int, int]]:
-        """(topic, partition, offset) of the lowest and highest offset acknowledged per partition since the
-        last call: a caller that finds them below what it saw before knows the broker lost its log."""
-        acked, self._acked = self._acked, {}
-        return [(t, p, o) for (t, p), (lo, hi) in acked.items() for o in (lo, hi)]
+        if err is not None and len(self._failed) < 100:
+            self._failed.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def send_raw(self, kind: str, key: str | None, value: bytes | None, *, partition: int | None = None,
                  headers: list[tuple[str, bytes]] | None = None) -> Any:
