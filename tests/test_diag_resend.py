@@ -133,3 +133,13 @@ def test_a_consumer_that_found_its_offsets_went_back_is_a_loss_once() -> None:
     assert not r.lost(None, input_resets=3)  # the same loss: resent once
     r.suspect()  # the changelog could not be written
     assert r.lost(None)
+
+
+def test_a_restored_jobs_open_incidents_are_kept_for_a_resend() -> None:
+    from faultlens.diagnosis.incidents import OpenIncident
+
+    r = OutputResend(retain_s=0.0)
+    now = time.time()
+    r.restored([OpenIncident(id="i9", job="j", kind="gpu_lost", node="n1", opened_ts=now, updated_ts=now, role="cause")])
+    assert [(type(k).KIND, k.id, k.status) for k in r.due({"i9"})] == [("incidents", "i9", "open")]
+    assert r.due(set()) == []  # closed since: past the window it is forgotten

@@ -58,6 +58,11 @@ class OutputResend:
             self.kept.pop(key, None)  # re-inserted: the dict stays in send order (oldest first)
             self.kept[key] = (record, time.monotonic())
 
+    def restored(self, open_incidents: Iterable[Any]) -> None:
+        """A job's state read back from the changelog: its open incidents as the previous owner sent them."""
+        for inc in open_incidents:
+            self.sent(inc.record())
+
     def status(self, record: Any) -> None:
         """An action-status read from the runner: a settled action need not outlive the window."""
         if getattr(record, "status", "") in SETTLED:

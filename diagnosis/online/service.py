@@ -208,6 +208,7 @@ class DiagnosisService:
             self._unreadable("checkpoint", key, p, offset, repr(exc))
             return None
         self.states[key] = st
+        self.resend.restored(st.engine.book.open_incidents())  # resent too if the broker loses them later
         return st
 
     def _decode_some(self, budget_s: float | None) -> None:
