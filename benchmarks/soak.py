@@ -380,8 +380,8 @@ def main() -> None:  # noqa: PLR0915 - one script, read top to bottom
     expected = {(sc.cluster.job, EXPECTED[sc.spec.faults[0].kind]) for sc in scenarios if sc.spec.faults[0].kind in EXPECTED}
     handled = set(ledger["handled"])
     # An action the runner handled whose record the lake lacks (the broker died before the stream
-    # processor read it: diagnosis does not send its outputs again): its job and type as the runner
-    # logged them, and counted apart.
+    # processor read it, and diagnosis did not send it again: diagnosis/online/resend.py): its job
+    # and type as the runner logged them, and counted apart.
     in_lake = {a["id"] for a in fig.get("actions", [])}
     said = runner_log_actions(work / "logs" / "runner.log")
     not_in_lake = sorted(handled - in_lake)

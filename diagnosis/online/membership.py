@@ -399,6 +399,11 @@ class MemberConsumer:
     def raw(self) -> Any:
         return self._consumer.raw
 
+    @property
+    def resets(self) -> int:
+        """Partitions whose log went back under the consumer (stream.bus.Consumer.resets; 0 with librdkafka)."""
+        return int(getattr(self._consumer, "resets", 0))
+
     def _partition_counts(self) -> dict[str, int]:
         if time.monotonic() - self._partitions_at > 10.0 or not self._partitions:
             raw = self._consumer.raw

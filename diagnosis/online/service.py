@@ -50,6 +50,7 @@ from faultlens.diagnosis.online.alerts import LagWatch, OutputAlerts
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
+from faultlens.diagnosis.online.resend import OutputResend, resend_if_lost
 from faultlens.diagnosis.online.restorer import BackgroundRestorer
 from faultlens.diagnosis.online.state import (
     MARK_KEY,
@@ -158,6 +159,8 @@ class DiagnosisService:
         self.ready = threading.Event()
         self._events: queue.Queue[tuple[str, list[int]]] = queue.Queue()
         self._owns_guard_log = False
+        self.resend = OutputResend()  # outputs sent again after the broker lost them (diagnosis.online.resend)
+        self._acks: list[Any] = []  # this round's send results, for resend's offset watch
 
     # ------------------------------------------------------------------ engines and state
 
@@ -205,6 +208,7 @@ class DiagnosisService:
             self._unreadable("checkpoint", key, p, offset, repr(exc))
             return None
         self.states[key] = st
+        self.resend.restored(st.engine.book.open_incidents())  # resent too if the broker loses them later
         return st
 
     def _decode_some(self, budget_s: float | None) -> None:
@@ -394,6 +398,8 @@ class DiagnosisService:
                 self.stream_time[p] = self._bounded(float(ts))
             self._heard[p] = time.monotonic()
             self.applied += 1
+            if kind == "action-status":
+                self.resend.status(record)
             st.outbox.extend(st.engine.observe(record))
         if unowned:
             self._refetch(unowned)
@@ -459,17 +465,19 @@ class DiagnosisService:
             due = {st.partition for st in pending}
         if due:
             self._checkpoint(producer, due)
-        if not pending:
-            return
         for st in pending:
             for out in st.outbox:
-                producer.send(out)
+                self._acks.append(producer.send(out))
+                self.resend.sent(out)
                 self.produced += 1
                 self.alerts.observe(out)
-        producer.flush(30.0)
+        if pending:
+            producer.flush(30.0)
         for st in pending:
             st.outbox = []
             st.dirty = True  # the emptied outbox is checkpointed next round
+        acks, self._acks = self._acks, []
+        resend_if_lost(self.resend, producer, acks, self.states, self._rep_consumer)
 
     def _sealed(self, partition: int, key: str, value: bytes) -> bytes:
         """A changelog record signed with diagnosis's key for its place, when [keys] are configured:
@@ -485,22 +493,25 @@ class DiagnosisService:
         marked = {st.partition for st in dirty} | moved
         try:
             for st in dirty:
-                producer.send_raw("diag-changelog", st.key, self._sealed(st.partition, st.key, snapshot(st)),
-                                  partition=st.partition)
+                self._acks.append(producer.send_raw("diag-changelog", st.key, self._sealed(
+                    st.partition, st.key, snapshot(st)), partition=st.partition))
             for p in marked:
                 mark = mark_value(self._applied.get(p, 0), self.stream_time.get(p, 0.0))
-                producer.send_raw("diag-changelog", MARK_KEY, self._sealed(p, MARK_KEY, mark), partition=p)
+                self._acks.append(producer.send_raw("diag-changelog", MARK_KEY, self._sealed(p, MARK_KEY, mark),
+                                                    partition=p))
             producer.flush(30.0)
         except BusError as exc:
             # The changelog is not there to write (a memory-only broker restarted without it): the
             # markers stay where they were, so committed offsets hold back and nothing is skipped;
             # the topics are made again and the next round checkpoints.
             log.warning("diagnosis: checkpoint not written (%s); retrying next round", exc)
+            self.resend.suspect()  # its outputs went with it: resent next round (diagnosis.online.resend)
             try:
                 ensure_topics(self.config.bus, self.bootstrap)
             except BusError as again:
                 log.warning("diagnosis: cannot make the topics again: %s", again)
             return
+        self.resend.checkpointed()
         for st in dirty:
             st.dirty = False
         for p in marked:
