@@ -354,10 +354,22 @@ def secrets_in_logs(scale: Scale) -> dict[str, int]:
                   "--set", "bus.sasl_username=faultlens", "--set", f"bus.sasl_password={password}",
                   "--set", f"diagnosis.webhook_token={token}", "--set", "diagnosis.webhook_url=http://127.0.0.1:9/",
                   "--set", f"keys.files={key_file}"]
-        procs = {name: _faultlens(name, *common, cwd=root) for name in ("runner", "diagnose", "stream")}
+        names = ("runner", "diagnose", "stream")
+        logs = {name: root / f"{name}.log" for name in names}
+        procs = {}
+        for name in names:
+            with logs[name].open("wb") as log:  # the child holds its own copy of the descriptor
+                procs[name] = lifeline.spawn([sys.executable, "-m", "faultlens.cli", name, *common], cwd=root,
+                                             signum=signal.SIGTERM, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(3 if scale.name == "smoke" else 6)
+        # A loaded machine starts a service slowly: wait (bounded) until each has tried to connect
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(b"sasl_plain_password" in logs[n].read_bytes() for n in names):
+            time.sleep(0.5)
         for name, proc in procs.items():
-            out = _stop(proc, kill=True)
+            proc.kill()
+            proc.wait(timeout=30)
+            out = logs[name].read_text(encoding="utf-8", errors="replace")
             counts[f"{name}_secrets"] = sum(out.count(s) for s in (password, token, key_text))
             # kafka-python dumps its configuration (the password's field) at DEBUG; no dump: nothing was tried
             counts[f"{name}_inconclusive"] = int("sasl_plain_password" not in out)
