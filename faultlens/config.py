@@ -131,6 +131,10 @@ class DiagnosisConfig:
     # settle and grace times must still end (benchmarks/realjob.py: an exception's rollback waited for ever).
     # A backlog being drained is never quiet. 0: event time only.
     idle_clock_after_s: float = 2.0
+    # ...but never more than this past the partition's newest record: enough for the settle times (an
+    # exception 2 s, NaN 15 s), short of the hang threshold (hang_min_silence_s 60 s). When nothing at all
+    # is heard the agents or the bus may be what stopped, and a hang needs its hosts seen alive.
+    idle_clock_max_s: float = 30.0
     # The live service (`faultlens diagnose` online): an eviction whose newest evidence is older than this
     # (wall clock) becomes a notify with the reason "stale", every action carries the bound, and the runner
     # refuses an action once its evidence's age plus its own passes it. Batch and replayed input are never

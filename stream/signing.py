@@ -41,6 +41,7 @@ import datetime as dt
 import functools
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -80,6 +81,8 @@ KeyType = Literal["hmac-sha256", "ed25519-private", "ed25519-public"]
 KEY_TYPES: tuple[KeyType, ...] = ("hmac-sha256", "ed25519-private", "ed25519-public")
 PURPOSES = frozenset({"actions", "commands"})  # what a key may sign: the CloudEvent types it covers
 PURPOSE_OF_TYPE = {ce_type: kind for kind, ce_type in CLOUDEVENT_TYPES.items() if kind in PURPOSES}
+log = logging.getLogger(__name__)
+
 HOW_TO_MAKE_A_KEY = (
     "make a key pair with `faultlens keys new --out /etc/faultlens/keys/k1.toml`: name k1.toml in "
     "[keys] files (or FAULTLENS_KEYS_FILES) for diagnosis, and k1.toml.pub for the runner and the agents"
@@ -363,6 +366,19 @@ class Keyring:
         """Read every file in ``cfg.files`` (a bad file fails at start, named)."""
         return cls([read_key(p) for p in cfg.files], active=cfg.active, validity_s=cfg.validity_s,
                    max_skew_s=cfg.max_skew_s, clock=clock)
+
+    @classmethod
+    def for_signer(cls, cfg: KeysConfig, who: str) -> Keyring:
+        """The keyring of a part that signs what it sends (diagnosis): only public keys fail at start, no key
+        at all is a warning (what it sends goes out unsigned, and only dry-run obeys it)."""
+        ring = cls.from_config(cfg)
+        if ring and not ring.can_sign:
+            raise ConfigError(f"{who} signs what it sends, but [keys] files hold only public keys "
+                              f"({', '.join(ring.keys)}): name the private key file (not FILE.pub)", key="keys.files")
+        if not ring:
+            log.warning("%s: no signing key, what it sends goes out unsigned: the runner only dry-runs it and "
+                        "agents ignore it; %s", who, HOW_TO_MAKE_A_KEY)
+        return ring
 
     def __bool__(self) -> bool:
         return bool(self.keys)

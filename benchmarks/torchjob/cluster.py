@@ -86,6 +86,7 @@ class Cluster:
         self.bootstrap = self.broker.bootstrap
         ensure_topics(load_config(None).bus, self.bootstrap)
         env = service_env(self.workdir, self.bootstrap)
+        env.pop("FAULTLENS_DIAGNOSIS_IDLE_CLOCK_AFTER_S")  # a real job runs on the wall clock: the default idle clock
         env.update({
             "FAULTLENS_LAKE_FLUSH_INTERVAL_S": "5",
             "FAULTLENS_GUARD_DRY_RUN": "false",  # the runner executes what diagnosis decides

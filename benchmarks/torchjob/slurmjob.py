@@ -95,6 +95,7 @@ class SlurmJobCluster:
         self.bootstrap = self.broker.bootstrap
         ensure_topics(load_config(None).bus, self.bootstrap)
         env = service_env(self.workdir, self.bootstrap)
+        env.pop("FAULTLENS_DIAGNOSIS_IDLE_CLOCK_AFTER_S")  # a real job runs on the wall clock: the default idle clock
         env.update({
             "SLURM_CONF": str(self.slurm.conf),  # the runner's scontrol/sbatch talk to this cluster
             "FAULTLENS_LAKE_FLUSH_INTERVAL_S": "5",

@@ -21,14 +21,8 @@ restored owner re-sends the outbox under the same ids (the runner executes an
 id once; an incident is keyed by its id) and never decides an action again
 that its checkpoint says it took.
 
-Time is each partition's stream time (the newest record time seen there), so a
-partition replayed after a failover is judged on its own clock, and one
-instance or four decide the same; it never leads the wall clock by more than
-``time.max_clock_skew_s`` (one record stamped 2100 must not move every job of
-its partition to 2100). Engines tick once a second of wall time. A partition that
-heard nothing for ``[diagnosis] idle_clock_after_s`` of wall time (a job whose ranks
-all died: CPU nodes send no GPU samples to keep its time moving) ticks on its newest
-record's time plus that quiet, so its settle and grace times still end.
+Time is each partition's stream time (diagnosis/online/clocks.py); engines tick
+once a second of wall time.
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ from faultlens.diagnosis.engine import Detector, DiagnosisEngine
 from faultlens.diagnosis.guardlog import GuardLog, KafkaGuardLog
 from faultlens.diagnosis.nodehealth import NodeHealth
 from faultlens.diagnosis.online.alerts import LagWatch, OutputAlerts
+from faultlens.diagnosis.online.clocks import PartitionClocks
 from faultlens.diagnosis.online.membership import MemberConsumer, default_member_id, membership_mode
 from faultlens.diagnosis.online.record_headers import forwarded_headers
 from faultlens.diagnosis.online.repartition import UNJOBBED_PREFIX, Repartitioner
@@ -64,7 +59,7 @@ from faultlens.diagnosis.online.state import (
     restore,
     snapshot,
 )
-from faultlens.errors import BusError, ConfigError, SchemaError
+from faultlens.errors import BusError, SchemaError
 from faultlens.schema import DeadLetter
 from faultlens.stream import topics
 from faultlens.stream.bus import Consumer, Message, Producer, ensure_topics
@@ -72,7 +67,7 @@ from faultlens.stream.bus.consume_loop import ConsumeLoop, close_quietly
 from faultlens.stream.bus.librdkafka_consumer import consumer_backend, group_consumer
 from faultlens.stream.bus.librdkafka_producer import make_producer
 from faultlens.stream.bus.replay_log import QueuedRebalance, topic_partitions
-from faultlens.stream.signing import HOW_TO_MAKE_A_KEY, Keyring, seal
+from faultlens.stream.signing import Keyring, seal
 
 log = logging.getLogger(__name__)
 INPUT_KINDS = ("jobs", "gpu", "kernel", "nccl", "steps", "stacks", "action-status")
@@ -104,15 +99,7 @@ class DiagnosisService:
         self.metrics = metrics  # faultlens.metrics.ServiceMetrics, or None
         self.alerts = OutputAlerts(config.diagnosis, metrics, self.open_incidents)  # metrics and the webhook
         self.lag = LagWatch(config.diagnosis.max_evidence_age_s, metrics)
-        # Every action and command is signed (a bad key file fails here, at start).
-        self.keyring = Keyring.from_config(config.keys)
-        if self.keyring and not self.keyring.can_sign:  # only .pub files: every action would fail to sign
-            raise ConfigError(f"diagnosis signs actions and commands, but [keys] files hold only public keys "
-                              f"({', '.join(self.keyring.keys)}): name the private key file (not FILE.pub)",
-                              key="keys.files")
-        if not self.keyring:
-            log.warning("diagnosis: no signing key, actions and commands go out unsigned: the runner only "
-                        "dry-runs them and agents ignore them; %s", HOW_TO_MAKE_A_KEY)
+        self.keyring = Keyring.for_signer(config.keys, "diagnosis")  # actions and commands; a bad key fails here
         self.bootstrap = bootstrap
         self.detectors = list(detectors)  # prototypes: each job's engine gets copies of its own
         self.node_health = node_health
@@ -131,7 +118,10 @@ class DiagnosisService:
         # at a time between rounds: a Xid on a moved job waits for that job's state, not its partition's.
         self._undecoded: dict[str, tuple[bytes, int, int]] = {}
         self.partitions: set[int] = set()
-        self.stream_time: dict[int, float] = {}
+        d = config.diagnosis
+        self.clocks = PartitionClocks(max_skew_s=config.time.max_clock_skew_s, idle_after_s=d.idle_clock_after_s,
+                                      idle_max_s=d.idle_clock_max_s)
+        self.stream_time = self.clocks.times  # partition -> stream time
         self._applied: dict[int, int] = {}  # partition -> next offset after the last record applied
         self._marked: dict[int, int] = {}  # partition -> offset of its last checkpoint marker
         self._last_checkpoint = 0.0
@@ -145,9 +135,6 @@ class DiagnosisService:
         self.restore_failures = 0  # partitions whose changelog could not be read (their jobs started afresh)
         self.unreadable_checkpoints = 0  # job checkpoints and markers that did not read (started afresh)
         self.unverified_changelog = 0  # of those, records without diagnosis's seal (forged, unsigned): dead-lettered
-        self.max_clock_skew_s = config.time.max_clock_skew_s
-        self.idle_clock_after_s = config.diagnosis.idle_clock_after_s
-        self._heard: dict[int, float] = {}  # partition -> monotonic time of its newest record
         self._producer: Producer | None = None
         self._rep_consumer: Consumer | None = None
         self._diag_loop: ConsumeLoop | None = None
@@ -253,7 +240,7 @@ class DiagnosisService:
         for key in [k for k, (_, p, _) in self._undecoded.items() if p in gone]:
             del self._undecoded[key]  # still the newest checkpoint of its job on the changelog
         for p in gone:
-            self.stream_time.pop(p, None)
+            self.clocks.forget(p)
             self._applied.pop(p, None)
             self._marked.pop(p, None)
         self.partitions -= gone
@@ -296,7 +283,7 @@ class DiagnosisService:
             keys += 1
         mark = restored.mark or {}
         start = int(mark.get("next_offset", 0))
-        self.stream_time[p] = self._bounded(float(mark.get("stream_time", 0.0)))
+        self.clocks.restore(p, float(mark.get("stream_time", 0.0)))
         self._applied[p] = self._marked[p] = start
         # No seek: the committed offset never passes the marker (hold_back), so the group
         # resumes at or before it, and what the checkpoints already hold is skipped.
@@ -347,10 +334,6 @@ class DiagnosisService:
             except BusError as exc:
                 log.error("diagnosis: dead-lettering %s[%d]@%d failed: %s", topic, partition, offset, exc)
 
-    def _bounded(self, ts: float) -> float:
-        """A time no later than the wall clock plus ``time.max_clock_skew_s``: a job's clock never runs ahead."""
-        return min(ts, time.time() + self.max_clock_skew_s)
-
     # ------------------------------------------------------------------ records
 
     def _apply(self, batch: Sequence[Message]) -> None:
@@ -394,9 +377,7 @@ class DiagnosisService:
                     self._diag_loop.dead_letter(m, getattr(exc, "reason", "undecodable"), str(exc))
                 continue
             ts = getattr(record, "ts", None) if kind != "action-status" else None  # the runner's wall clock
-            if isinstance(ts, (int, float)) and ts > self.stream_time.get(p, 0.0):
-                self.stream_time[p] = self._bounded(float(ts))
-            self._heard[p] = time.monotonic()
+            self.clocks.heard(p, ts)
             self.applied += 1
             if kind == "action-status":
                 self.resend.status(record)
@@ -436,18 +417,10 @@ class DiagnosisService:
         self.lag.observe([t for p, t in self.stream_time.items() if t and p in self.partitions])
         for st in self.states.values():
             # Event time only (NVML samples keep it moving), so replayed data is judged on its own clock.
-            out = st.engine.tick(self._clock(st.partition, now))
+            out = st.engine.tick(self.clocks.now(st.partition, now))
             if out:
                 st.outbox.extend(out)
                 st.dirty = True
-
-    def _clock(self, partition: int, mono: float) -> float | None:
-        """The partition's stream time; once it heard nothing for ``idle_clock_after_s``, plus that quiet."""
-        ts = self.stream_time.get(partition) or None
-        if ts is None or self.idle_clock_after_s <= 0:
-            return ts
-        quiet = mono - self._heard.setdefault(partition, mono)
-        return self._bounded(ts + quiet) if quiet >= self.idle_clock_after_s else ts
 
     def _flush(self, *, force: bool = False) -> None:
         """Checkpoint what changed (with its outbox and a marker per partition), then send the outbox.

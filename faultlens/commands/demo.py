@@ -98,6 +98,9 @@ def service_env(workdir: Path, bootstrap: str) -> dict[str, str]:
         # [time] allows a day of lead here, where a real fleet allows minutes.
         "FAULTLENS_TIME_MAX_CLOCK_SKEW_S": "86400",
         "FAULTLENS_TIME_MAX_FUTURE_S": "172800",
+        # ...so a quiet partition's clock must not move on by wall seconds: the simulated NVML samples
+        # keep every job's time moving, and a job whose segment ended was restarted as hung.
+        "FAULTLENS_DIAGNOSIS_IDLE_CLOCK_AFTER_S": "0",
     }
 
 
