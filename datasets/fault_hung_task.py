@@ -5,7 +5,8 @@ seconds.`` with its call trace on the culprit node, 120 s after the stall),
 stacks (the culprit in a dataset read, its TP peers in broadcast, the rest in
 collectives), gpu (culprit idle, the others spinning in NCCL), nccl (the
 waiting ranks' watchdogs after the timeout; the stuck rank's never fires),
-steps (stop). Stop-time checks on the node decide.
+steps (stop). The stacks root the hang on the node its kernel names: evicted
+(policy.toml ``[route.hung_task] rooted_action``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from faultlens.datasets.fault_hang_stuck_rank import hang_around
 
 class HungTask(Fault):
     KIND = "hung_task"
-    EXPECTED_ACTION = "run_diagnostics"
+    EXPECTED_ACTION = "evict_nodes"
     FOOTPRINT = "kernel hung-task record on the node; stuck rank's stack in a read; others wait; watchdog on the waiters"
 
     def inject(self, ctx: FaultContext) -> dict[str, Any]:

@@ -17,7 +17,7 @@ Two halves, both data:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,8 @@ class Route:
     repeat: int = 1
     window_s: float = 300.0
     min_rank_fraction: float = 0.5
+    # the action when the job's hang is rooted by its stacks on this incident's machine (diagnosis.workflows.hang)
+    rooted_action: str | None = None
 
 
 @dataclass
@@ -120,15 +122,17 @@ def load_policy(path: Path | None = None, *, network_alerts_to_evict: int | None
             raise CatalogError(str(exc), file=str(path), entry=f"route.{kind}") from None
         if route.action not in ROUTE_ACTIONS:
             raise CatalogError(f"action {route.action!r} not in {ROUTE_ACTIONS}", file=str(path), entry=f"route.{kind}")
+        if route.rooted_action is not None and route.rooted_action not in ACTION_TYPES:
+            raise CatalogError(f"rooted_action {route.rooted_action!r} not in {ACTION_TYPES}", file=str(path),
+                               entry=f"route.{kind}")
         routes[kind] = route
     for s in signals:
         if s.kind and s.kind not in routes and s.role not in ("info", "note"):
             raise CatalogError(f"kind {s.kind!r} has no [route.{s.kind}]", file=str(path), entry=s.name)
     if "ib_link" in routes and (network_alerts_to_evict is not None or network_window_s is not None):
         r = routes["ib_link"]
-        routes["ib_link"] = Route(r.kind, r.action, r.min_confidence,
-                                  network_alerts_to_evict if network_alerts_to_evict is not None else r.repeat,
-                                  network_window_s if network_window_s is not None else r.window_s, r.min_rank_fraction)
+        routes["ib_link"] = replace(r, repeat=network_alerts_to_evict if network_alerts_to_evict is not None else r.repeat,
+                                    window_s=network_window_s if network_window_s is not None else r.window_s)
     jobwide = load_jobwide(list(data.get("jobwide", [])), path)
     for jw in jobwide:
         if jw.kind not in routes:

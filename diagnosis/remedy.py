@@ -87,6 +87,12 @@ def nan_culprits(inc: OpenIncident, nan: NanWatch, topology: Topology | None,
     on one of the job's machines within ``NAN_WINDOW_S`` of the NaN."""
     culprits: dict[str, str] = {}
     ranks, why = nan.culprit_ranks()
+    nodes = {topology.placement.get(r, (None, None))[0] for r in ranks} if topology else set()
+    if len(nodes) > 1 and not nan.named:
+        # A bad GPU poisons its own rank first; ranks of several machines going bad first together are the
+        # job's own change read at different steps (a learning-rate edit on a real DDP job, issue 35).
+        why = f"{why}; those ranks are on {len(nodes)} machines: no one machine went first"
+        ranks = []
     for r in ranks:
         node = topology.placement.get(r, (None, None))[0] if topology else None
         if node:

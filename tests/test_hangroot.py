@@ -256,7 +256,8 @@ def test_a_hang_rooted_on_a_machine_with_a_hung_task_is_that_tasks_incident(tmp_
     """Recorded after the merges (benchmarks/diagnosis.py --quick, hung_task 0/2): rank 31 blocked in a dataset
     read on n004, whose kernel reported the hung task. The hang's stacks singled out n004 and evicted it while
     the hung task (weak, waiting for the job's other nodes) later sent the same machine to diagnostics: two
-    actions for one stall. The hung task is the cause; the hang is muted into it; one run_diagnostics."""
+    actions for one stall. The hung task is the cause; the hang is muted into it; one action on n004: an eviction
+    (issue 35), since the stacks and the kernel name the same machine and no other node stalls."""
     import subprocess
 
     out = tmp_path / "ht"
@@ -265,6 +266,6 @@ def test_a_hang_rooted_on_a_machine_with_a_hung_task_is_that_tasks_incident(tmp_
     data = read_batch_dir(out)
     incidents, actions = diagnose_records(data.job, list(data.records()), load_config(env={}))
     acted = [(a.type, a.nodes) for a in actions if a.type != "notify"]
-    assert acted == [("run_diagnostics", ["n004"])]
+    assert acted == [("evict_nodes", ["n004"])]
     hang = [i for i in incidents if i.kind == "hang"]
     assert hang and all(i.status == "resolved" and "hung_task" in i.summary for i in hang)

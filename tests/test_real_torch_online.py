@@ -134,3 +134,15 @@ def test_a_rank_capped_at_5pct_of_a_cpu_is_acted_on_and_no_other_machine() -> No
     assert {s["node"] for i in slow for s in i.suspects} == {"vn1"} and max(i.confidence for i in slow) >= 0.9
     acted = [(a.type, a.nodes) for a in out if type(a).KIND == "actions"]
     assert acted and all(nodes == ["vn1"] and t in ("evict_nodes", "adapt_parallelism") for t, nodes in acted), acted
+
+
+def test_nan_after_a_learning_rate_change_blames_no_machine() -> None:
+    """rj3-nan-every-rank (benchmarks/realjob.py --quick on main, 2026-11-28 21:10 UTC): the learning rate went
+    to 1e30 on every rank through a control file each rank reads on its own; ranks 1 (vn0) and 3 (vn1) logged a
+    NaN loss one step before the others, and every rank's grad norm was gone at that step. The NaN search named
+    vn0 and vn1 and only they were checked. Ranks of two machines going bad first together are the job's own
+    change, not a machine: every machine of the job is checked."""
+    out = _replay(_records("online_nan_lr_change.jsonl"))
+    actions = [o for _, o in out if type(o).KIND == "actions" and o.type != "notify"]
+    assert [(a.type, sorted(a.nodes)) for a in actions] == [("run_diagnostics", ["vn0", "vn1", "vn2", "vn3"])]
+    assert "2 machines" in actions[0].reason or "no machine" in actions[0].reason, actions[0].reason

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from faultlens.diagnosis.engine import JobState
 
 
+# A machine incident whose machine was evicted takes none of these later (a later line of the same fault).
+_WEAKER_THAN_EVICTION = frozenset({ActionType.RUN_DIAGNOSTICS, ActionType.RESTART_JOB, ActionType.NOTIFY})
+
+
 class Desk(Protocol):
     """What a workflow may use of the engine: its state, policy and settings, and three verbs."""
 
@@ -121,8 +125,9 @@ def carry_out(desk: Desk, inc: OpenIncident, decision: Decision | Hold | None) -
     if isinstance(decision, Hold):
         inc.state.waiting = decision.reason
         return None
-    if decision is None or decision.type in inc.decided:
-        return None
+    if decision is None or decision.type in inc.decided or (
+            ActionType.EVICT_NODES in inc.decided and decision.type in _WEAKER_THAN_EVICTION):
+        return None  # taken already, or weaker than the eviction its machine already got
     inc.state.waiting = None
     if decision.type == ActionType.NOTIFY:
         if not inc.decided:

@@ -26,6 +26,8 @@ from faultlens.diagnosis.progress import check_hang
 from faultlens.diagnosis.settings import HangSettings
 from faultlens.diagnosis.stacks import StackVerdict
 from faultlens.diagnosis.workflows.base import BaseWorkflow, Desk
+from faultlens.diagnosis.workflows.job_wide import JOBWIDE_HOLD
+from faultlens.diagnosis.workflows.machine_fault import HANG_ROOT
 from faultlens.schema import GpuSample, NcclEvent, StackDump, StepTiming
 from faultlens.vocabulary import ActionType, IncidentKind
 
@@ -186,13 +188,35 @@ def _pause_ended(job: JobState, inc: OpenIncident) -> bool:
 def _explained_by_host(desk: Desk, hang: OpenIncident, roots: Sequence[str]) -> bool:
     """A hang rooted on a machine whose kernel reported a hung task (a process blocked in I/O) is that
     machine's stall, not a second fault: the hung task, weak while it waited for the job's other nodes,
-    is confirmed as the cause and mutes the hang; its own route decides (stop-time diagnostics), instead
-    of an eviction on the hang's evidence and a second action on the same machine."""
+    is confirmed as the cause and mutes the hang, and one action goes out on that machine (its route's
+    ``rooted_action``), not an eviction on the hang's evidence and a second action from the hung task."""
     for other in desk.book.open_incidents(hang.job):
         if other.kind in HOST_STALL_KINDS and other.node in roots and not other.state.folded_into:
             desk.book.confirm_cause(other)
-            return hang.status == "resolved"
+            if hang.status != "resolved":
+                return False
+            _act_on_rooted_host(desk, other, hang)
+            return True
     return False
+
+
+def _act_on_rooted_host(desk: Desk, host: OpenIncident, hang: OpenIncident) -> None:
+    """The stacks and the kernel name the same machine, and no other node of the job reports a stall of its
+    own (a shared storage stall is the job-wide rule's, after its hold): the route's ``rooted_action`` at once.
+    Without one, or while another node stalls too, the host incident's own route decides after its hold."""
+    action = desk.policy.route(host.kind).rooted_action
+    if action is None or host.node is None or host.decided:
+        return
+    rule = desk.state.jobwide.rule_for(host.kind)
+    watched = set(rule.source_kinds) if rule is not None else set(HOST_STALL_KINDS)
+    shared = {rule.kind} if rule is not None else set()
+    if any(o.kind in shared or (o.kind in watched and o.node != host.node) for o in desk.book.open_incidents(host.job)):
+        return
+    why = (f"{host.kind} on {host.node} and the job's hang (incident {hang.id}) rooted on {host.node} by its stacks: "
+           f"the kernel's report and the stacks name one machine")
+    if host.state.pending in (JOBWIDE_HOLD, HANG_ROOT):  # decided here: it waits for nothing more
+        host.state.pending = host.state.waiting = None
+    desk.act(host, Decision(action, (host.node,), why, max(host.confidence, 0.95)))
 
 
 def _rank_hang(desk: Desk, inc: OpenIncident, job: JobState, dumps: list[StackDump], verdict: StackVerdict | None,
