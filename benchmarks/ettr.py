@@ -15,12 +15,17 @@ that renders and decides (``--no-cache`` measures afresh: ~30-60 min on 2 cores)
     python benchmarks/ettr.py --smoke    # 1,024 GPUs, 8B, 14 days, 4 kinds, 6 renders each (no cache)
     python benchmarks/ettr.py --quick --sensitivity   # also move every assumed figure over its range
     python benchmarks/ettr.py --quick --cached-only   # what the cache holds, however few renders
+    python benchmarks/ettr.py --quick --hard   # hangs and cascades decided from hard renders (6 each)
 
 Prints the cost table, the ETTR table (mean, spread, hours lost by cause), the
 per-kind accuracy with its interval, the measured mistakes, the error-rate
 sweep and where faultlens meets each baseline, then one JSON line (``ettr`` per
 policy, ``renders``, ``failures``, ``per_kind_accuracy``, ``crossover``,
-``gap_to_oracle``). ``--out DIR`` writes ettr.png and ettr.html there.
+``gap_to_oracle``). ``--hard``: the hang and machine-fault kinds are decided
+from their hard renders (datasets/campaign_hard.py: hangs with partial
+evidence, cascades; compound faults as always), with the clean decisions of
+the same renders beside them and every wrong hard decision listed; the JSON
+then has ``"hard": true``, ``hard_vs_clean`` and ``hard_mistakes``. ``--out DIR`` writes ettr.png and ettr.html there.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def main() -> None:
                     help="take what the cache holds per kind as it is (intervals as wide as that makes them)")
     ap.add_argument("--sensitivity", action="store_true", help="move every assumed figure over its range")
     ap.add_argument("--bus", type=int, default=None, help="rendered failures to send through the bus")
+    ap.add_argument("--hard", action="store_true",
+                    help="decide hangs and machine faults from their hard renders (partial evidence, cascades)")
     ap.add_argument("--out", default=None, help="write ettr.png and ettr.html here")
     args = ap.parse_args()
     if args.smoke:
@@ -74,6 +81,8 @@ def main() -> None:
         n_min, n_max, half, use_cache = args.samples or 40, args.max_samples or 200, args.half_width, not args.no_cache
         if args.quick and not args.samples:  # what the cache holds; 4 renders of a kind it has none of
             args.cached_only, n_min = True, 4
+        if args.quick and args.hard and not args.samples:  # a few hard renders per hard kind
+            n_min = 6
     costs = load_costs()
     mix = load_mix(kinds=kinds)
     print(cost_table_text(costs), "\n")
@@ -81,7 +90,7 @@ def main() -> None:
     log = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
     run = run_campaign(spec, seeds=list(range(seeds)), mix=mix, costs=costs, bus_samples=bus, progress=log,
                        n_min=n_min, n_max=n_max, half_width=half, workers=args.workers, use_cache=use_cache,
-                       cached_only=args.cached_only, overlap=not args.smoke)
+                       cached_only=args.cached_only, overlap=not args.smoke, hard=args.hard)
     sweep = error_sweep(run)
     print(text_tables(run, costs, sweep))
     out = summary(run, sweep)

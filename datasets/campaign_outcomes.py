@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from faultlens.datasets.campaign_compound import COMPOUND, compound_digest, decide_compound
+from faultlens.datasets.campaign_hard import HARD, decide_hard, hard_digest
 from faultlens.datasets.campaign_render import Decision, Noise, SliceLayout, decide
 from faultlens.vocabulary import ActionType
 
@@ -119,6 +120,7 @@ class Outcomes:
     seconds: float = 0.0
     digest: str = ""
     made_wrong: dict[str, int] = field(default_factory=dict)
+    hard: bool = False  # the kinds of campaign_hard.HARD were decided from their hard renders
 
     @property
     def renders(self) -> int:
@@ -149,9 +151,12 @@ def draw(outcomes: Sequence[Decision], u: float) -> Decision:
 
 
 def _render_one(kind: str, i: int, layout: SliceLayout, fault_class: str, nccl_timeout_s: float,
-                job_dp: int) -> Decision:
+                job_dp: int, hard: bool = False) -> Decision:
 
     seed, noise = sample_noise(kind, i)
+    if hard and kind in HARD:  # the same render i with its evidence made as a fleet makes it (campaign_hard.py)
+        return decide_hard(kind, layout, seed, i, fault_class=fault_class, nccl_timeout_s=nccl_timeout_s,
+                           job_dp=job_dp, noise=noise).decision
     if kind in COMPOUND:  # several machines at once (campaign_compound.py)
         return decide_compound(kind, layout, seed, i, nccl_timeout_s=nccl_timeout_s, noise=noise)
     return decide(kind, layout, seed, i, fault_class=fault_class, nccl_timeout_s=nccl_timeout_s, job_dp=job_dp,
@@ -159,7 +164,9 @@ def _render_one(kind: str, i: int, layout: SliceLayout, fault_class: str, nccl_t
 
 
 def _cache_file(cache_dir: Path, digest: str, layout: SliceLayout, nccl_timeout_s: float, job_dp: int,
-                kind: str) -> Path:
+                kind: str, hard: bool = False) -> Path:
+    if hard and kind in HARD:  # hard renders: their own file, keyed by campaign_hard's digest too
+        return cache_dir / f"{digest}+{hard_digest()}-{layout.key}-t{nccl_timeout_s:g}-dp{job_dp}-hard-{kind}.jsonl"
     if kind in COMPOUND:  # its renderer is outside the engine's digest: its own digest beside it
         digest = f"{digest}+{compound_digest()}"
     return cache_dir / f"{digest}-{layout.key}-t{nccl_timeout_s:g}-dp{job_dp}-{kind}.jsonl"
@@ -181,28 +188,30 @@ def _load(path: Path) -> dict[int, Decision]:
 def measure(kinds: Mapping[str, str], layout: SliceLayout, *, nccl_timeout_s: float, job_dp: int,
             late_after_s: float, half_width: float = 0.05, n_min: int = 40, n_max: int = 200, batch: int = 20,
             workers: int = 1, cache_dir: Path | None = None, use_cache: bool = True, cached_only: bool = False,
-            progress: Callable[[str], None] | None = None) -> Outcomes:
+            hard: bool = False, progress: Callable[[str], None] | None = None) -> Outcomes:
     """Render and decide a sample per kind until its 95% interval is within +/- half_width (or n_max).
 
     ``kinds``: rendered kind -> fault class. Renders already in the cache are read back, not redone.
     ``cached_only``: take the renders the cache holds for a kind as they are (its interval as wide as
     that makes it), rendering only for a kind the cache has none of.
+    ``hard``: the kinds of campaign_hard.HARD are decided from their hard renders (their own cache files);
+    every other kind from its clean (or compound) render, as without it.
     """
     t0 = time.perf_counter()
     digest = code_digest()
     cache_dir = cache_dir or default_cache_dir()
-    out = Outcomes({}, late_after_s, digest=digest)
+    out = Outcomes({}, late_after_s, digest=digest, hard=hard)
     pool = ProcessPoolExecutor(workers) if workers > 1 else None
     try:
         for kind, fault_class in sorted(kinds.items()):
-            path = _cache_file(cache_dir, digest, layout, nccl_timeout_s, job_dp, kind)
+            path = _cache_file(cache_dir, digest, layout, nccl_timeout_s, job_dp, kind, hard)
             have = _load(path) if use_cache else {}
             n, top = n_min, n_max
             if cached_only:  # the cache's run of renders from 0 as it is; n_min renders of a kind it lacks
                 n = top = next(i for i in range(len(have) + 1) if i not in have) if 0 in have else n_min
             while True:
                 missing = [i for i in range(n) if i not in have]
-                args = [(kind, i, layout, fault_class, nccl_timeout_s, job_dp) for i in missing]
+                args = [(kind, i, layout, fault_class, nccl_timeout_s, job_dp, hard) for i in missing]
                 done = pool.map(_render_one, *zip(*args, strict=True)) if pool and args else \
                     (_render_one(*a) for a in args)
                 path.parent.mkdir(parents=True, exist_ok=True)

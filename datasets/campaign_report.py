@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from faultlens.datasets.campaign import CAUSES, POLICIES, Cost, cost_rows
-from faultlens.datasets.campaign_outcomes import OUTCOMES
+from faultlens.datasets.campaign_hard import HARD, describe
+from faultlens.datasets.campaign_outcomes import OUTCOMES, classify, sample_noise
 from faultlens.datasets.campaign_run import CampaignRun, crossover
 
 COLOURS = {"none": "#d62728", "restart": "#ff7f0e", "group_evict": "#9467bd", "faultlens": "#1f77b4",
@@ -33,6 +34,40 @@ def per_kind_accuracy(run: CampaignRun) -> dict[str, dict[str, Any]]:
         p, lo, hi, n = run.outcomes.accuracy(kind)
         out[kind] = {"n": n, "right": round(p, 4), "lo": round(lo, 4), "hi": round(hi, 4),
                      "half_width": round((hi - lo) / 2, 4), "outcomes": run.outcomes.counts(kind)}
+    return out
+
+
+def hard_vs_clean(run: CampaignRun) -> dict[str, dict[str, Any]]:
+    """Per hard kind: the share right of its hard renders and of the clean renders of the same (kind, i)."""
+    out: dict[str, dict[str, Any]] = {}
+    if run.clean is None:
+        return out
+    for kind in sorted(k for k in run.outcomes.by_kind if k in HARD):
+        hard = run.outcomes.by_kind[kind]
+        clean = run.clean.by_kind.get(kind, [])[:len(hard)]
+        p, lo, hi, n = run.outcomes.accuracy(kind)
+        out[kind] = {"n": n, "hard": round(p, 4), "hard_lo": round(lo, 4), "hard_hi": round(hi, 4),
+                     "clean": round(sum(d.right for d in clean) / len(clean), 4) if clean else None,
+                     "clean_n": len(clean)}
+    return out
+
+
+def hard_mistakes(run: CampaignRun) -> list[dict[str, Any]]:
+    """Every hard render not decided right: kind, render, seed, expected, decided, and what the render changed."""
+    if not run.outcomes.hard:
+        return []
+    layout, timeout = run.spec.slice_layout(), run.spec.get("nccl_timeout_s")
+    classes = {k.rendered: k.fault_class for k in run.mix.values()}
+    out = []
+    for d in run.outcomes.mistakes():
+        if d.kind not in HARD:
+            continue
+        _, noise = sample_noise(d.kind, d.bucket)
+        out.append({"kind": d.kind, "render": d.bucket, "seed": d.seed, "expected": d.expected_action,
+                    "decided": d.action, "outcome": classify(d, run.outcomes.late_after_s), "named": d.named,
+                    "culprit_named": d.culprit_named, "healthy_named": d.extra_machines,
+                    "hardening": describe(d.kind, layout, d.seed, fault_class=classes.get(d.kind, "fail_stop"),
+                                          nccl_timeout_s=timeout, noise=noise)})
     return out
 
 
@@ -61,6 +96,10 @@ def summary(run: CampaignRun, sweep: list[tuple[float, float]] | None = None) ->
         "rsc_analytic_ettr": round(run.analytic["rsc_ettr"], 5),
         "bus_checked": len(run.bus), "bus_agree": sum(b.action == o.action and b.named == o.named for b, o in run.bus),
     }
+    out["hard"] = run.outcomes.hard
+    if run.outcomes.hard:
+        out["hard_vs_clean"] = hard_vs_clean(run)
+        out["hard_mistakes"] = hard_mistakes(run)
     if sweep:
         out["sweep"] = [[r, round(e, 5)] for r, e in sweep]
         by = {p: crossover(sweep, ettr[p]) for p in ("group_evict", "none", "restart")}
@@ -108,6 +147,18 @@ def text_tables(run: CampaignRun, costs: dict[str, dict[str, Cost]] | None = Non
                          f"{d.extra_machines} healthy)")
         if len(wrong) > 20:
             lines.append(f"  ... and {len(wrong) - 20} more")
+    if o.hard:
+        lines += ["", "hard renders (campaign_hard: hangs with partial evidence, cascades) against the clean renders "
+                  "of the same (kind, i); other kinds: their clean or compound render",
+                  f"{'hard kind':<20} {'n':>4} {'clean':>6} {'hard':>6} {'hard 95% interval':>18}"]
+        for kind, row in hard_vs_clean(run).items():
+            clean = "-" if row["clean"] is None else f"{row['clean']:.3f}"
+            lines.append(f"{kind:<20} {row['n']:>4} {clean:>6} {row['hard']:>6.3f} "
+                         f"{'[' + format(row['hard_lo'], '.3f') + ', ' + format(row['hard_hi'], '.3f') + ']':>18}")
+        for m in hard_mistakes(run):
+            lines.append(f"  wrong: {m['kind']} render {m['render']} seed {m['seed']}: expected {m['expected']}, decided "
+                         f"{m['decided']} ({m['outcome']}, named {m['named']}, culprit "
+                         f"{'in' if m['culprit_named'] else 'NOT in'}, {m['healthy_named']} healthy); {m['hardening']}")
     if sweep:
         lines += ["", "error-rate sweep: faultlens's ETTR with this share of its decisions made wrong on top of "
                   "its measured mistakes"]

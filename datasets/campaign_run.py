@@ -11,7 +11,7 @@ through the embedded broker to the online service.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from faultlens.datasets.campaign import (
     load_mix,
 )
 from faultlens.datasets.campaign_compound import COMPOUND
+from faultlens.datasets.campaign_hard import HARD
 from faultlens.datasets.campaign_outcomes import Outcomes, measure, sample_noise
 from faultlens.datasets.campaign_policies import simulate_policy
 from faultlens.datasets.campaign_render import Decision, decide, decide_online
@@ -68,6 +69,7 @@ class CampaignRun:
     costs: Mapping[str, Mapping[str, Cost]]
     analytic: dict[str, float]
     bus: list[tuple[Decision, Decision]] = field(default_factory=list)
+    clean: Outcomes | None = None  # hard runs: the clean decisions of the same renders of the hard kinds
 
     @property
     def failures_per_seed(self) -> list[int]:
@@ -92,25 +94,32 @@ class CampaignRun:
 
 def measure_for(spec: CampaignSpec, mix: Mapping[str, FailureKind], costs: Mapping[str, Mapping[str, Cost]], *,
                 half_width: float = 0.05, n_min: int = 40, n_max: int = 200, workers: int = 1,
-                use_cache: bool = True, cached_only: bool = False, overlap: bool = True,
-                cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Outcomes:
-    """faultlens's measured decisions for every rendered kind of the mix, on the job's slice."""
+                use_cache: bool = True, cached_only: bool = False, overlap: bool = True, hard: bool = False,
+                only: Collection[str] | None = None, cache_dir: Path | None = None,
+                progress: Callable[[str], None] | None = None) -> Outcomes:
+    """faultlens's measured decisions for every rendered kind of the mix (or ``only`` these), on the job's slice;
+    ``hard``: the hard kinds from their hard renders (campaign_hard)."""
     layout = spec.slice_layout()
     kinds = {k.rendered: k.fault_class for k in mix.values()}
     if overlap and any(k.machine_fault and k.fault_class in STOPPED for k in mix.values()):
         kinds["overlap"] = "fail_stop"  # a second machine fault while the first is handled (campaign_compound)
+    if only is not None:
+        kinds = {k: c for k, c in kinds.items() if k in only}
     late = float(costs["job"]["late_after_s"].value)
     return measure(kinds, layout, nccl_timeout_s=spec.get("nccl_timeout_s"),
                    job_dp=spec.gpus // (layout.tp * layout.pp), late_after_s=late, half_width=half_width,
                    n_min=n_min, n_max=n_max, workers=workers, use_cache=use_cache, cached_only=cached_only,
-                   cache_dir=cache_dir, progress=progress)
+                   hard=hard, cache_dir=cache_dir, progress=progress)
 
 
 def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2),
                  mix: Mapping[str, FailureKind] | None = None, costs: Mapping[str, Mapping[str, Cost]] | None = None,
                  outcomes: Outcomes | None = None, bus_samples: int = 0,
                  progress: Callable[[str], None] | None = None, **measure_kw: Any) -> CampaignRun:
-    """Measure faultlens's outcomes (unless given), draw failures per seed, run every policy."""
+    """Measure faultlens's outcomes (unless given), draw failures per seed, run every policy.
+
+    ``hard=True`` (in ``measure_kw``): faultlens is charged from the hard renders of the hard kinds, and the
+    clean decisions of the same renders (same kind, same i) are measured beside them for the comparison."""
     costs = costs or load_costs()
     mix = dict(mix or load_mix())
     spec = spec.resolved(costs)
@@ -125,6 +134,12 @@ def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2),
     analytic = {"rsc_ettr": rsc_analytic_ettr(spec, mix, restart_overhead_s=u0, checkpoint_write_s=write),
                 "restart_overhead_s": u0}
     run = CampaignRun(spec, list(seeds), results, outcomes, draws, mix, costs, analytic)
+    hard_kinds = [k for k in outcomes.by_kind if k in HARD] if outcomes.hard else []
+    if hard_kinds:
+        n = min(len(outcomes.by_kind[k]) for k in hard_kinds)
+        keep = {k: measure_kw[k] for k in ("workers", "use_cache", "cache_dir") if k in measure_kw}
+        run.clean = measure_for(spec, mix, costs, only=hard_kinds, n_min=n, n_max=n, overlap=False,
+                                progress=progress, **keep)
     if bus_samples:
         run.bus = bus_check(spec, mix, bus_samples, progress=progress)
     return run
