@@ -10,7 +10,7 @@ A clean render (campaign_render) shows every signal a fault leaves. A real fleet
 * **cascades** (``CASCADE_KINDS``): the fault's symptoms spreading over the job: on every other node one
   rank's NET/IB completion error and ncclRemoteError naming the culprit, arriving after the NCCL timeout
   (beside the watchdog aborts); a benign transient on another node in the same window (an IB link flap that
-  recovers, or a burst of corrected PCIe AER records); the culprit's own later lines (its Xid burst again,
+  recovers, or a burst of corrected PCIe AER records, on a machine no other fault of the render touches); the culprit's own later lines (its Xid burst again,
   pid unknown once the process is gone; the IB link going down once more). Fail-slow kinds (thermal, PCIe)
   stop nothing, so they get the transient only.
 
@@ -156,8 +156,10 @@ def harden_cascade(sc: Scenario, kind: str, rng: np.random.Generator) -> Hardeni
             for i, line in enumerate(nc.dist_backend_error(q, last)):
                 fx.nccl.append((q.rank, ts + 0.2 + 0.0001 * i, line))
             h.peer_errors[n] = q.rank
-    # a benign transient on another node in the same window
-    others = [n for n in c.node_names if n != node]
+    # a benign transient in the same window on a machine no other fault of the render touches (a second flap
+    # within 5 min on the machine of the noise's flap is the persistent-link signature, not a benign one)
+    busy = {n for f in sc.truth()["faults"] for n in f["nodes"]}
+    others = [n for n in c.node_names if n != node and n not in busy]
     if others:
         other = str(others[int(rng.integers(0, len(others)))])
         t = max(sc.train_start_ts + 5.0, onset + float(rng.uniform(-60.0, 120.0)))
