@@ -10,7 +10,7 @@ by diagnose_records, until the kind's accuracy has a 95% interval within +/- 5
 points. The measured decisions are cached on disk, keyed by a digest of the code
 that renders and decides (``--no-cache`` measures afresh: ~30-60 min on 2 cores).
 
-    python benchmarks/ettr.py            # 9,600 GPUs, 70B dense, 90 days, 5 seeds, every kind to +/- 5, bus check
+    python benchmarks/ettr.py            # 9,600 GPUs, 70B dense, 90 days, 5 seeds, every kind to +/- 5, every kind on the bus
     python benchmarks/ettr.py --quick    # same job, 3 seeds, the cache as it is (4 renders of an uncached kind)
     python benchmarks/ettr.py --smoke    # 1,024 GPUs, 8B, 14 days, 4 kinds, 6 renders each (no cache)
     python benchmarks/ettr.py --quick --sensitivity   # also move every assumed figure over its range
@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--cached-only", action="store_true",
                     help="take what the cache holds per kind as it is (intervals as wide as that makes them)")
     ap.add_argument("--sensitivity", action="store_true", help="move every assumed figure over its range")
-    ap.add_argument("--bus", type=int, default=None, help="rendered failures to send through the bus")
+    ap.add_argument("--bus", type=int, default=None,
+                    help="kinds to send through the bus (default: every single-fault kind; --quick: what the cache holds)")
     ap.add_argument("--hard", action="store_true",
                     help="decide hangs and machine faults from their hard renders (partial evidence, cascades)")
     ap.add_argument("--out", default=None, help="write ettr.png and ettr.html here")
@@ -76,7 +77,7 @@ def main() -> None:
     else:
         spec = CampaignSpec(gpus=args.gpus or 9600, layout=args.layout or "70b-dense", days=args.days or 90.0)
         seeds = args.seeds or (3 if args.quick else 5)
-        bus = args.bus if args.bus is not None else (0 if args.quick else 4)
+        bus = args.bus if args.bus is not None else (0 if args.quick else -1)
         kinds = None
         n_min, n_max, half, use_cache = args.samples or 40, args.max_samples or 200, args.half_width, not args.no_cache
         if args.quick and not args.samples:  # what the cache holds; 4 renders of a kind it has none of

@@ -359,6 +359,8 @@ class PolicyContext:
     costs: Mapping[str, Mapping[str, Cost]]
     outcomes: Mapping[str, Sequence[Decision]]
     error_rate: float = 0.0  # the sweep: this share of faultlens's decisions made wrong on top of its own
+    # per rendered kind: the online path's measured delay beyond the batch decision (campaign_run.bus_check)
+    online_extra_s: Mapping[str, float] = field(default_factory=dict)
 
     def c(self, policy: str, name: str) -> float:
         return _num(self.costs, f"policy.{policy}", name)
@@ -376,6 +378,12 @@ class PolicyContext:
             return replace(d, action=A.EVICT_NODES, named=1, culprit_named=False, extra_machines=1, right=False,
                            detect_s=d.detect_s if d.detect_s is not None else 0.0, adapt_ratio=None)
         return d
+
+    def online_latency(self, kind: str) -> float:
+        """What the online path adds to a measured (batch) decision of ``kind``: its bus check's measured delay
+        beyond the batch one where the bus check ran (never below the agent-to-action floor), else the floor."""
+        floor = self.c("faultlens", "online_latency_s")
+        return max(floor, self.online_extra_s.get(kind, floor))
 
     def restart_floor(self, machines: int) -> float:
         return self.spec.get("restart_s") + (self.spec.get("reschedule_s") if machines else 0.0)

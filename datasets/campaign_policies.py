@@ -156,7 +156,7 @@ def _faultlens_first(ctx: PolicyContext, f: Failure, k: FailureKind, d: Decision
     act = d.action
     if act in ("none", A.NOTIFY) or d.detect_s is None:
         return Attempt(None, 0.0, "none", fixed=not stopped and k.fault_class != "fail_slow")
-    detect, decide = d.detect_s + ctx.c("faultlens", "online_latency_s"), d.decide_s  # batch + the online path
+    detect, decide = d.detect_s + ctx.online_latency(k.rendered), d.decide_s  # batch + the online path
     if act == A.ADAPT_PARALLELISM and k.fault_class == "fail_slow":
         return Attempt(detect, decide, "adapt", fixed=d.culprit_named, adapt_ratio=d.adapt_ratio or 1.0,
                        adapt_pause_s=d.adapt_pause_s)

@@ -17,6 +17,7 @@ import numpy as np
 from faultlens.datasets.campaign import CAUSES, POLICIES, Cost, cost_rows
 from faultlens.datasets.campaign_hard import HARD, describe
 from faultlens.datasets.campaign_outcomes import OUTCOMES, classify, sample_noise
+from faultlens.datasets.campaign_render import Decision
 from faultlens.datasets.campaign_run import CampaignRun, crossover
 
 COLOURS = {"none": "#d62728", "restart": "#ff7f0e", "group_evict": "#9467bd", "faultlens": "#1f77b4",
@@ -95,6 +96,9 @@ def summary(run: CampaignRun, sweep: list[tuple[float, float]] | None = None) ->
         "lost_h": {p: {c: round(v / 3600, 2) for c, v in run.lost_mean(p).items()} for p in POLICIES},
         "rsc_analytic_ettr": round(run.analytic["rsc_ettr"], 5),
         "bus_checked": len(run.bus), "bus_agree": sum(b.action == o.action and b.named == o.named for b, o in run.bus),
+        # per kind: the online path's delay beyond the batch decision (charged at least the floor)
+        "online_extra_s": dict(sorted(run.online_extra_s.items())),
+        "online_charged_s": {k: round(run.context().online_latency(k), 3) for k in sorted(run.outcomes.by_kind)},
     }
     out["hard"] = run.outcomes.hard
     if run.outcomes.hard:
@@ -168,13 +172,19 @@ def text_tables(run: CampaignRun, costs: dict[str, dict[str, Cost]] | None = Non
             lines.append(f"  meets {p} ({run.ettr(p)[0]:.4f}) at "
                          f"{'beyond the sweep' if x is None else f'{x:.1%}'}")
     if run.bus:
-        lines += ["", "bus check: the same records through the embedded broker to the online DiagnosisService"]
+        lines += ["", "bus check: the same records through the embedded broker to the online DiagnosisService "
+                  "(detect+decide from the onset, batch/bus; what faultlens is charged for the online path)"]
+        ctx = run.context()
         for b, on in run.bus:
             same = b.action == on.action and b.named == on.named
             lines.append(f"  {b.kind:<20} batch {b.action:<18} bus {on.action:<18} named {b.named}/{on.named} "
-                         f"detect {b.detect_s if b.detect_s is None else round(b.detect_s)}/"
-                         f"{on.detect_s if on.detect_s is None else round(on.detect_s)} s  {'agree' if same else 'DIFFER'}")
+                         f"{_delay(b)}/{_delay(on)} s  charged +{ctx.online_latency(b.kind):.1f} s  "
+                         f"{'agree' if same else 'DIFFER'}")
     return "\n".join(lines)
+
+
+def _delay(d: Decision) -> str:
+    return "-" if d.detect_s is None else f"{d.detect_s + d.decide_s:.0f}"
 
 
 def cost_table_text(costs: dict[str, dict[str, Cost]]) -> str:

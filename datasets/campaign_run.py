@@ -11,6 +11,8 @@ through the embedded broker to the online service.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +37,13 @@ from faultlens.datasets.campaign import (
 )
 from faultlens.datasets.campaign_compound import COMPOUND
 from faultlens.datasets.campaign_hard import HARD
-from faultlens.datasets.campaign_outcomes import Outcomes, measure, sample_noise
+from faultlens.datasets.campaign_outcomes import (
+    Outcomes,
+    code_digest,
+    default_cache_dir,
+    measure,
+    sample_noise,
+)
 from faultlens.datasets.campaign_policies import simulate_policy
 from faultlens.datasets.campaign_render import Decision, decide, decide_online
 from faultlens.stream.bus.embedded_broker import EmbeddedBroker
@@ -69,6 +77,7 @@ class CampaignRun:
     costs: Mapping[str, Mapping[str, Cost]]
     analytic: dict[str, float]
     bus: list[tuple[Decision, Decision]] = field(default_factory=list)
+    online_extra_s: dict[str, float] = field(default_factory=dict)  # per kind, from the bus check
     clean: Outcomes | None = None  # hard runs: the clean decisions of the same renders of the hard kinds
 
     @property
@@ -85,7 +94,7 @@ class CampaignRun:
         return {c: float(np.mean([r.lost_by_cause[c] for r in rs])) for c in CAUSES}
 
     def context(self, error_rate: float = 0.0) -> PolicyContext:
-        return PolicyContext(self.spec, self.costs, self.outcomes.by_kind, error_rate)
+        return PolicyContext(self.spec, self.costs, self.outcomes.by_kind, error_rate, self.online_extra_s)
 
     def policy_mean(self, policy: str, ctx: PolicyContext) -> float:
         return float(np.mean([simulate_policy(self.spec, fs, self.mix, policy, ctx, seed=s).ettr
@@ -126,22 +135,26 @@ def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2),
     if outcomes is None:
         outcomes = measure_for(spec, mix, costs, progress=progress, **measure_kw)
     draws = [draw_failures(spec, mix, s) for s in seeds]
-    ctx = PolicyContext(spec, costs, outcomes.by_kind)
+    # the online path first: what it adds per kind is charged on every faultlens decision of the kind.
+    # bus_samples < 0: every single-fault kind; 0: only what the bus cache already holds (nothing rendered)
+    bus = bus_check(spec, mix, bus_samples, progress=progress, cached_only=bus_samples == 0,
+                    cache_dir=measure_kw.get("cache_dir"), use_cache=measure_kw.get("use_cache", True),
+                    digest=outcomes.digest)
+    extra = online_extra(bus)
+    ctx = PolicyContext(spec, costs, outcomes.by_kind, online_extra_s=extra)
     results = {p: [simulate_policy(spec, fs, mix, p, ctx, seed=s) for s, fs in zip(seeds, draws, strict=True)]
                for p in POLICIES}
     u0 = spec.get("restart_s") + spec.get("reschedule_s")
     write = float(costs["job"]["checkpoint_write_s"].value)
     analytic = {"rsc_ettr": rsc_analytic_ettr(spec, mix, restart_overhead_s=u0, checkpoint_write_s=write),
                 "restart_overhead_s": u0}
-    run = CampaignRun(spec, list(seeds), results, outcomes, draws, mix, costs, analytic)
+    run = CampaignRun(spec, list(seeds), results, outcomes, draws, mix, costs, analytic, bus, extra)
     hard_kinds = [k for k in outcomes.by_kind if k in HARD] if outcomes.hard else []
     if hard_kinds:
         n = min(len(outcomes.by_kind[k]) for k in hard_kinds)
         keep = {k: measure_kw[k] for k in ("workers", "use_cache", "cache_dir") if k in measure_kw}
         run.clean = measure_for(spec, mix, costs, only=hard_kinds, n_min=n, n_max=n, overlap=False,
                                 progress=progress, **keep)
-    if bus_samples:
-        run.bus = bus_check(spec, mix, bus_samples, progress=progress)
     return run
 
 
@@ -178,7 +191,7 @@ def sensitivity(run: CampaignRun, policies: Sequence[str] = ("faultlens", "group
             fields: dict[str, Any] = {name: int(v) if name == "warm_standbys" else v}
             spec = replace(run.spec, **fields) if key.startswith("job.") and hasattr(run.spec, name) else run.spec
             draws = [draw_failures(spec, mix, s) for s in run.seeds] if mix is not run.mix else run.draws
-            ctx = PolicyContext(spec, costs, run.outcomes.by_kind)
+            ctx = PolicyContext(spec, costs, run.outcomes.by_kind, online_extra_s=run.online_extra_s)
             row[end] = {p: round(float(np.mean([simulate_policy(spec, fs, mix, p, ctx, seed=s).ettr
                                                for s, fs in zip(run.seeds, draws, strict=True)])), 5)
                         for p in policies}
@@ -192,22 +205,58 @@ BUS_FIRST = tuple(k.value for k in (FaultKind.GPU_LOST, FaultKind.HANG_STUCK_RAN
                                     FaultKind.USER_EXCEPTION, FaultKind.IB_LINK_PERSISTENT, FaultKind.NAN_LOSS))
 
 
-def bus_check(spec: CampaignSpec, mix: Mapping[str, FailureKind], n: int,
-              progress: Callable[[str], None] | None = None) -> list[tuple[Decision, Decision]]:
-    """Render the first sample of ``n`` kinds again and send it through the embedded broker to the
-    online DiagnosisService; returns (batch decision, bus decision) pairs."""
+def online_extra(pairs: Sequence[tuple[Decision, Decision]]) -> dict[str, float]:
+    """Per kind: how much later the online path decided than the batch engine on the same render (event
+    time, from the onset; negative where the online path is quicker, as a hang whose ranks answer the stack
+    request is). Only where both took the same action: a different action is reported, not charged."""
+    out: dict[str, float] = {}
+    for b, on in pairs:
+        if b.action == on.action and b.detect_s is not None and on.detect_s is not None:
+            out[b.kind] = round((on.detect_s + on.decide_s) - (b.detect_s + b.decide_s), 3)
+    return out
 
+
+def _bus_file(cache_dir: Path, digest: str, layout_key: str, nccl_timeout_s: float, kind: str) -> Path:
+    return cache_dir / f"{digest}-{layout_key}-t{nccl_timeout_s:g}-bus-{kind}.json"
+
+
+def bus_check(spec: CampaignSpec, mix: Mapping[str, FailureKind], n: int,
+              progress: Callable[[str], None] | None = None, *, cached_only: bool = False, use_cache: bool = True,
+              cache_dir: Path | None = None, digest: str = "") -> list[tuple[Decision, Decision]]:
+    """Render the first sample of ``n`` kinds (n < 0: every single-fault kind) again and send it through the
+    embedded broker to the online DiagnosisService; returns (batch decision, bus decision) pairs. Each pair is
+    kept on disk beside the measured renders (keyed by the same code digest); ``cached_only``: only those."""
     classes = {k.rendered: k.fault_class for k in mix.values() if k.rendered not in COMPOUND}  # one fault each
     order = [k for k in BUS_FIRST if k in classes] + sorted(set(classes) - set(BUS_FIRST))
+    if n >= 0 and not cached_only:
+        order = order[:n]
     layout = spec.slice_layout()
+    timeout = spec.get("nccl_timeout_s")
+    cache_dir = cache_dir or default_cache_dir()
+    digest = digest or code_digest()
     pairs: list[tuple[Decision, Decision]] = []
-    with EmbeddedBroker() as broker:
-        for kind in order[:n]:
+    broker: EmbeddedBroker | None = None
+    with contextlib.ExitStack() as started:  # a broker only when something is rendered
+        for kind in order:
+            path = _bus_file(cache_dir, digest, layout.key, timeout, kind)
+            if use_cache and path.exists():
+                try:
+                    b, on = (Decision(**d) for d in json.loads(path.read_text()))
+                    pairs.append((b, on))
+                    continue
+                except (ValueError, TypeError):
+                    pass  # a torn file from an interrupted run: measured again
+            if cached_only:
+                continue
+            if broker is None:
+                broker = started.enter_context(EmbeddedBroker())
             seed, noise = sample_noise(kind, 0)
-            r = decide(kind, layout, seed, 0, fault_class=classes[kind], nccl_timeout_s=spec.get("nccl_timeout_s"),
+            r = decide(kind, layout, seed, 0, fault_class=classes[kind], nccl_timeout_s=timeout,
                        job_dp=spec.gpus // (layout.tp * layout.pp), noise=noise)
             online = decide_online(r, bootstrap=broker.bootstrap)
             pairs.append((r.decision, online))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps([r.decision.as_dict(), online.as_dict()]))
             if progress:
                 progress(f"bus {kind}: batch {r.decision.action} / bus {online.action}")
     return pairs

@@ -353,3 +353,39 @@ def test_people_taking_over_from_faultlens_are_paged_on_its_detection():
     # an explicit fault (120 s at u_localise 0, not the 1,800 s hunt of a hang), two restarts (100 + 100 + 50 s)
     # and the recompute since the last checkpoint at each stop (100 s, then 700 s: 1,000 s checkpoints)
     assert r.lost_by_cause["recurrence"] == pytest.approx(6 + 3 + 168 + 100 + 100 + 6 + 900 + 120 + 150 + 700)
+
+
+def test_the_online_path_is_charged_per_kind_from_its_bus_check_never_below_the_floor():
+    """What the bus check measured beyond the batch decision is added to every faultlens decision of the kind;
+    a kind the online path decides sooner (a hang whose ranks answer the stack request) still pays the floor."""
+    from faultlens.datasets.campaign_run import online_extra
+
+    costs = load_costs()
+    spec = SPEC.resolved(costs)
+    floor = costs["policy.faultlens"]["online_latency_s"].value
+    b = decision("gpu_lost", "evict_nodes", detect_s=5.0, decide_s=3.0)
+    late = decision("gpu_lost", "evict_nodes", detect_s=9.0, decide_s=20.0, path="bus")
+    hang = decision("hang_stuck_rank", "evict_nodes", detect_s=60.0, decide_s=180.0)
+    quick = decision("hang_stuck_rank", "evict_nodes", detect_s=60.0, decide_s=9.0, path="bus")
+    other = decision("nan_loss", "run_diagnostics")
+    differs = decision("nan_loss", "restart_job", path="bus")
+    extra = online_extra([(b, late), (hang, quick), (other, differs)])
+    assert extra == {"gpu_lost": 21.0, "hang_stuck_rank": -171.0}  # a different action is not a delay
+    ctx = PolicyContext(spec, costs, OUTCOMES, online_extra_s=extra)
+    assert ctx.online_latency("gpu_lost") == 21.0
+    assert ctx.online_latency("hang_stuck_rank") == floor == ctx.online_latency("nan_loss")
+    slow = simulate_policy(spec, TWO[:1], load_mix(), "faultlens", ctx)
+    fast = simulate_policy(spec, TWO[:1], load_mix(), "faultlens", PolicyContext(spec, costs, OUTCOMES))
+    assert lost_besides_checkpoint(slow) == pytest.approx(lost_besides_checkpoint(fast) + 21.0 - floor)
+
+
+def test_the_bus_check_reads_its_cache_and_renders_nothing_when_asked_for_the_cache_only(tmp_path):
+    from faultlens.datasets.campaign_run import _bus_file, bus_check
+
+    spec = SPEC.resolved(load_costs())
+    layout = spec.slice_layout()
+    pair = [decision("gpu_lost", "evict_nodes").as_dict(), decision("gpu_lost", "evict_nodes", path="bus").as_dict()]
+    _bus_file(tmp_path, "d1", layout.key, spec.get("nccl_timeout_s"), "gpu_lost").write_text(json.dumps(pair))
+    got = bus_check(spec, load_mix(), 0, cached_only=True, cache_dir=tmp_path, digest="d1")
+    assert [(b.kind, on.path) for b, on in got] == [("gpu_lost", "bus")]
+    assert bus_check(spec, load_mix(), 0, cached_only=True, cache_dir=tmp_path, digest="d2") == []  # another digest

@@ -104,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ca.add_argument("--max-samples", type=int, default=200, help="renders per kind at most")
     ca.add_argument("--workers", type=int, default=1, help="processes rendering in parallel")
     ca.add_argument("--no-cache", action="store_true", help="measure every render afresh")
-    ca.add_argument("--bus", type=int, default=0, help="send this many rendered failures through the bus too")
+    ca.add_argument("--bus", type=int, default=0,
+                    help="kinds to send through the bus too (-1: every single-fault kind; 0: what the bus cache holds)")
     ca.add_argument("--costs", action="store_true", help="print the cost table and exit")
     ca.add_argument("--out", default=None, help="write ettr.png, ettr.html and summary.json here")
 
