@@ -32,13 +32,16 @@ not:
   2. ``process_exit``: the OOM killer's record of pid P and the launcher's
      ``failed (exitcode: -9) ... (pid: P)`` line (torchrun notices within a
      second or so).
-  3. ``first_record``: lacking any, the node's first kernel record is put at
+  3. ``stalled_task``: a hung-task record ("blocked for more than N seconds") on a
+     node whose steps stopped at least N s before its samples did is put N s
+     after the node's last step (the task has been blocked since the stall).
+  4. ``first_record``: lacking any, the node's first kernel record is put at
      the node's first gpu.jsonl/steps time (the log is assumed to start with the
      job; a record written before the job starts is then placed too late).
-  4. ``last_record``: when that would put the log's end more than an hour after
+  5. ``last_record``: when that would put the log's end more than an hour after
      the node's last gpu.jsonl/steps time (the log reaches back before the job,
      as a whole dmesg buffer does), its last record is put at that last time.
-  Anchors 1 and 2 are tried from the latest such record back, and are only
+  Anchors 1 and 2 are tried from the latest such record back (3 from the first), and are only
   taken when they too keep the log's end within that hour.
   Every such record is marked ``fields["ts_estimated"] = True`` with
   ``fields["ts_anchor"]`` naming the method; diagnosis copies the mark into the

@@ -39,6 +39,7 @@ HARDWARE_ANCHORS: dict[int | str, tuple[tuple[str, str], ...]] = {
     63: (("remap_pending", "on"), ("remap_failure", "on")),
     64: (("remap_failure", "on"), ("remap_pending", "on")),
 }  # Xid 74 is left out: NVLink counters start rising well before the driver reports it
+HUNG_TASK_RE = re.compile(r"blocked for more than (\d+) seconds")
 EXIT_PID_RE = re.compile(r"exitcode: -?\d+\).*\(pid: (\d+)\)")
 
 
@@ -52,7 +53,7 @@ class NodeClock:
     last_ts: float | None = None  # ... and last
     last_step_ts: float | None = None  # the node's last step record (None: no steps)
     boot_time: float | None = None
-    boot_from: str | None = None  # hardware | process_exit | first_record | last_record (None: not needed or no anchor)
+    boot_from: str | None = None  # hardware | process_exit | stalled_task | first_record | last_record (None: not needed or no anchor)
     estimated: int = 0  # records marked ts_estimated
 
 
@@ -168,11 +169,29 @@ def _boot_time(relative: list[KernelEvent], clock: NodeClock,
     for r in reversed(relative):
         if r.kind == "oom_kill" and r.pid in exits and plausible(exits[r.pid] - r.ts):
             return exits[r.pid] - r.ts, "process_exit"
+    stalled = _stalled_task_boot(relative, clock)
+    if stalled is not None and plausible(stalled):
+        return stalled, "stalled_task"
     boot = clock.first_ts - first_rel
     if plausible(boot):
         return boot, "first_record"
     # The log reaches back before the job (a real dmesg holds everything since boot): end it at the node's last time.
     return end - LOG_END_SLACK_S - last_rel, "last_record"
+
+
+def _stalled_task_boot(relative: list[KernelEvent], clock: NodeClock) -> float | None:
+    """The boot time that puts the node's first hung-task line ("blocked for more than N seconds") N seconds
+    after its last step, when its steps stopped at least N seconds before its samples did: the job stalled on
+    this node, and khungtaskd reports a task blocked since then (issue 35: placed at the job's start instead,
+    a hung task read before the stall it reports was decided alone)."""
+    if clock.last_step_ts is None or clock.last_ts is None:
+        return None
+    for r in relative:
+        m = HUNG_TASK_RE.search(r.raw) if r.kind == "hung_task" else None
+        if m is not None:
+            blocked_s = float(m.group(1))
+            return clock.last_step_ts + blocked_s - r.ts if clock.last_ts >= clock.last_step_ts + blocked_s else None
+    return None
 
 
 def _first_change(samples: list[GpuSample], changes: tuple[tuple[str, str], ...], gpu: int | None) -> float | None:

@@ -49,3 +49,33 @@ def test_an_untimed_traceback_is_placed_at_the_last_step_and_rolls_back(tmp_path
     incidents, actions = diagnose_records(b.job, list(b.records()), Config())
     assert [a.type for a in actions] == ["rollback_code"]
     assert not [i for i in incidents if i.kind == "hang" and i.status == "open"]
+
+
+HUNG = ("[ 5001.204311] INFO: task python3:4242 blocked for more than 120 seconds.\n"
+        "[ 5001.204315]       Tainted: P           OE      5.15.0-122-generic #132-Ubuntu\n"
+        "[ 5001.204319] \"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message.\n")
+
+
+def test_a_boot_relative_hung_task_is_placed_its_seconds_after_the_nodes_last_step(tmp_path: Path) -> None:
+    """A dmesg file (seconds since boot, no other anchor) whose hung-task line reports a task blocked since
+    the node's steps stopped: the line lands 120 s after the last step, not at the job's start (where it was
+    read before the stall it reports: 5 of 100 campaign renders of hung_task, issue 35)."""
+    _write(tmp_path)
+    (tmp_path / "nodes/n001/kernel.log").write_text("[ 4700.000100] perf: interrupt took too long (2504 > 2500)\n" + HUNG)
+    b = read_batch_dir(tmp_path)
+    hung = next(r for r in b.kernel if "blocked for more than" in r.raw)
+    assert hung.fields["ts_anchor"] == "stalled_task"
+    assert abs(hung.ts - (T0 + 200.0 + 120.0)) < 2.0
+    benign = next(r for r in b.kernel if "perf:" in r.raw)
+    assert abs(benign.ts - (hung.ts - 301.2)) < 0.01  # the whole file moves with it
+
+
+def test_a_hung_task_on_a_node_still_stepping_keeps_the_first_record_anchor(tmp_path: Path) -> None:
+    _write(tmp_path)
+    steps = [json.dumps({"v": 1, "ts": T0 + 1.0 + s, "job": "j1", "rank": r, "node": "n001", "step": s,
+                         "duration_s": 1.0, "n_seqs": 8, "sum_len": 8192, "sum_len_sq": 8388608, "tokens": 8192})
+             for s in range(390) for r in range(2)]
+    (tmp_path / "steps/n001.jsonl").write_text("\n".join(steps) + "\n")
+    (tmp_path / "nodes/n001/kernel.log").write_text(HUNG)
+    hung = next(r for r in read_batch_dir(tmp_path).kernel if "blocked for more than" in r.raw)
+    assert hung.fields["ts_anchor"] == "first_record"
