@@ -33,7 +33,7 @@ import numpy as np
 
 from faultlens import schema
 from faultlens.collectors.batch import read_batch_dir
-from faultlens.config import BusConfig, Config, DiagnosisConfig
+from faultlens.config import BusConfig, Config
 from faultlens.datasets.cluster import ClusterSpec
 from faultlens.datasets.scenario import FaultSpec, Scenario, ScenarioSpec
 from faultlens.datasets.scenario_files import write_batch_dir
@@ -264,15 +264,19 @@ def decide_online(rendered: Rendered, *, bootstrap: str, config: Config | None =
     """The same records through the bus: produce them to the embedded broker, let the online
     DiagnosisService decide, and score its actions like the batch ones (on stream time, so the
     delays compare). Records are sent at ``speed`` x real time; the rendered stack dumps answer the
-    engine's dump_stacks command, as an agent would. Returns the bus decision (``path="bus"``)."""
+    engine's dump_stacks command, as an agent would. The service's wall-clock waits (the hang dwell, the
+    idle clock) are divided by ``speed`` so they last what they would on the job's own clock: undivided, a
+    30 s dwell held a hang 600 s of stream time. Returns the bus decision (``path="bus"``)."""
     from dataclasses import replace
-
 
     batch = rendered.decision
     job = rendered.job
     prefix = f"ettr{batch.seed}{batch.kind.replace('_', '')}"
     bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix, linger_ms=5)
-    cfg = replace(config or Config(), bus=bus, diagnosis=DiagnosisConfig(group_id=f"{prefix}-diag", max_evidence_age_s=0))
+    base = (config or Config()).diagnosis
+    diag = replace(base, group_id=f"{prefix}-diag", max_evidence_age_s=0, hang_dwell_s=base.hang_dwell_s / speed,
+                   idle_clock_after_s=base.idle_clock_after_s / speed)
+    cfg = replace(config or Config(), bus=bus, diagnosis=diag)
     ensure_topics(bus, bootstrap)
     t0 = time.perf_counter()
     service = DiagnosisService(cfg, bootstrap=bootstrap, detectors=default_detectors(), from_beginning=True).start()

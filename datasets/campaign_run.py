@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from faultlens.config import Config
 from faultlens.datasets.campaign import (
     CAUSES,
     POLICIES,
@@ -140,7 +141,8 @@ def run_campaign(spec: CampaignSpec, *, seeds: Sequence[int] = (0, 1, 2),
     bus = bus_check(spec, mix, bus_samples, progress=progress, cached_only=bus_samples == 0,
                     cache_dir=measure_kw.get("cache_dir"), use_cache=measure_kw.get("use_cache", True),
                     digest=outcomes.digest)
-    extra = online_extra(bus)
+    extra = online_extra(bus, dwell_kinds=[k.rendered for k in mix.values() if k.fault_class == "hang"],
+                         dwell_s=Config().diagnosis.hang_dwell_s)
     ctx = PolicyContext(spec, costs, outcomes.by_kind, online_extra_s=extra)
     results = {p: [simulate_policy(spec, fs, mix, p, ctx, seed=s) for s, fs in zip(seeds, draws, strict=True)]
                for p in POLICIES}
@@ -201,18 +203,24 @@ def sensitivity(run: CampaignRun, policies: Sequence[str] = ("faultlens", "group
     return out
 
 
+BUS_SPEED = 20.0  # the bus check replays a render at this many times real time
 BUS_FIRST = tuple(k.value for k in (FaultKind.GPU_LOST, FaultKind.HANG_STUCK_RANK, FaultKind.THERMAL_THROTTLE,
                                     FaultKind.USER_EXCEPTION, FaultKind.IB_LINK_PERSISTENT, FaultKind.NAN_LOSS))
 
 
-def online_extra(pairs: Sequence[tuple[Decision, Decision]]) -> dict[str, float]:
+def online_extra(pairs: Sequence[tuple[Decision, Decision]], *, dwell_kinds: Iterable[str] = (),
+                 dwell_s: float = 0.0) -> dict[str, float]:
     """Per kind: how much later the online path decided than the batch engine on the same render (event
     time, from the onset; negative where the online path is quicker, as a hang whose ranks answer the stack
-    request is). Only where both took the same action: a different action is reported, not charged."""
+    request is). Only where both took the same action: a different action is reported, not charged.
+    ``dwell_kinds``: kinds decided through a hang, which the live service calls only after ``dwell_s`` of
+    wall time; the paced replay waited that divided by its speed (decide_online), so the rest is added."""
     out: dict[str, float] = {}
+    dwell = set(dwell_kinds)
     for b, on in pairs:
         if b.action == on.action and b.detect_s is not None and on.detect_s is not None:
-            out[b.kind] = round((on.detect_s + on.decide_s) - (b.detect_s + b.decide_s), 3)
+            extra = (on.detect_s + on.decide_s) - (b.detect_s + b.decide_s)
+            out[b.kind] = round(extra + (dwell_s * (1.0 - 1.0 / BUS_SPEED) if b.kind in dwell else 0.0), 3)
     return out
 
 
@@ -253,7 +261,7 @@ def bus_check(spec: CampaignSpec, mix: Mapping[str, FailureKind], n: int,
             seed, noise = sample_noise(kind, 0)
             r = decide(kind, layout, seed, 0, fault_class=classes[kind], nccl_timeout_s=timeout,
                        job_dp=spec.gpus // (layout.tp * layout.pp), noise=noise)
-            online = decide_online(r, bootstrap=broker.bootstrap)
+            online = decide_online(r, bootstrap=broker.bootstrap, speed=BUS_SPEED)
             pairs.append((r.decision, online))
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps([r.decision.as_dict(), online.as_dict()]))
