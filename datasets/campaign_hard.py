@@ -54,17 +54,18 @@ from faultlens.datasets.scenario_files import write_batch_dir
 from faultlens.diagnosis.batch import diagnose_records
 from faultlens.diagnosis.detectors import default_detectors
 from faultlens.stream.topology import Topology
-from faultlens.vocabulary import ActionType
+from faultlens.vocabulary import ActionType, FaultKind
 
 A = ActionType
-HANG_KINDS: tuple[str, ...] = ("hang_stuck_rank", "hung_task")
-CASCADE_KINDS: tuple[str, ...] = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error",
-                                  "ib_link_persistent", "host_oom", "thermal_throttle", "pcie_degradation")
+F = FaultKind
+HANG_KINDS: tuple[str, ...] = (F.HANG_STUCK_RANK, F.HUNG_TASK)
+CASCADE_KINDS: tuple[str, ...] = (F.GPU_LOST, F.ECC_UNCORRECTABLE, F.ROW_REMAP_FAILURE, F.NVLINK_ERROR,
+                                  F.IB_LINK_PERSISTENT, F.HOST_OOM, F.THERMAL_THROTTLE, F.PCIE_DEGRADATION)
 HARD: tuple[str, ...] = HANG_KINDS + CASCADE_KINDS
 KERNEL_LINE_LOST_P = 0.3  # a hung task whose khungtaskd record the agent missed
 NODES_SILENT_P = 0.5  # a hang render loses whole nodes' dumps (else a random share of ranks)
 RANKS_LOST = (0.10, 0.30)  # the share of ranks whose dump never comes
-REPEATING = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "nvlink_error", "ib_link_persistent")
+REPEATING = (F.GPU_LOST, F.ECC_UNCORRECTABLE, F.ROW_REMAP_FAILURE, F.NVLINK_ERROR, F.IB_LINK_PERSISTENT)
 _PID = re.compile(r"pid=\d+, name=[^,]+,")
 _HEADER = ("NVRM: GPU at PCI:", "NVRM: GPU Board Serial Number:")
 
@@ -117,7 +118,7 @@ def harden_hang(sc: Scenario, kind: str, rng: np.random.Generator) -> Hardening:
         world = sc.topology.world_size
         share = float(rng.uniform(*RANKS_LOST))
         h.dumps_dropped = sorted(int(r) for r in rng.choice(world, max(1, round(share * world)), replace=False))
-    if kind == "hung_task" and rng.random() < KERNEL_LINE_LOST_P:
+    if kind == F.HUNG_TASK and rng.random() < KERNEL_LINE_LOST_P:
         fx = sc.effects
         starts = [ts for n, ts, lines in fx.kernel if n == node and lines[0].startswith("INFO: task ")
                   and "blocked for more than" in lines[0]]

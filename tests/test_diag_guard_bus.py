@@ -165,11 +165,17 @@ def test_a_broker_that_lost_the_guard_log_gets_the_open_breaker_back() -> None:
             verdict = log.claim("c3", job="m", nodes=["n3"], ts=T0 + 2, job_nodes=8)
             assert (verdict.granted, verdict.reason) == (False, "breaker")
             assert log.recoveries == 1
-            fresh = KafkaGuardLog(cfg, bus)  # an instance started after the loss reads the breaker
-            try:
-                assert fresh.book.fleet_breaker is not None
-            finally:
-                fresh.close()
+            # an instance started after the loss reads the breaker (once the re-written trip has landed: under
+            # load the broker can take a few seconds to make it readable; CI at load ~4 read it too soon)
+            deadline, seen = time.monotonic() + 20.0, False
+            while not seen and time.monotonic() < deadline:
+                fresh = KafkaGuardLog(cfg, bus)
+                try:
+                    seen = fresh.book.fleet_breaker is not None
+                finally:
+                    fresh.close()
+                time.sleep(0 if seen else 0.5)
+            assert seen, "the re-opened breaker never reached the new log"
         finally:
             log.close()
     finally:
