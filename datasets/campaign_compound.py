@@ -20,8 +20,6 @@ so its cache files carry a digest of this file beside it (``compound_digest``).
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,20 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.datasets.campaign_render import (
     PRIORITY,
     Decision,
     Noise,
     SliceLayout,
+    diagnose_rendered,
     score,
     slice_spec,
 )
 from faultlens.datasets.scenario import FaultSpec, Scenario
-from faultlens.datasets.scenario_files import write_batch_dir
-from faultlens.diagnosis.batch import diagnose_records
-from faultlens.diagnosis.detectors import default_detectors
 from faultlens.vocabulary import ActionType, FaultKind
 
 A = ActionType
@@ -93,16 +88,7 @@ def decide_compound(kind: str, layout: SliceLayout, seed: int, bucket: int, *, n
                    duration_s=base.duration_s + (300.0 if kind == "overlap" else 0.0))
     t0 = time.perf_counter()
     sc = Scenario(spec)
-    tmp = Path(tempfile.mkdtemp(prefix="faultlens-compound-"))
-    try:
-        data = read_batch_dir(write_batch_dir(sc, tmp / "batch"))
-        records = list(data.records())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    truth = sc.truth()
-    t1 = time.perf_counter()
-    incidents, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
-    t2 = time.perf_counter()
+    _, records, truth, incidents, actions, t1, t2 = diagnose_rendered(sc, config)
     s = score_all(actions, incidents, truth)
     return Decision(kind=kind, bucket=bucket, seed=seed, slow_speed=1.0, records=len(records), render_s=t1 - t0,
                     diagnose_s=t2 - t1, **s)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +33,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from faultlens.collectors.batch import read_batch_dir
 from faultlens.config import Config
 from faultlens.datasets import signal_kernel as k
 from faultlens.datasets import signal_nccl as nc
@@ -43,6 +41,7 @@ from faultlens.datasets.campaign_render import (
     Noise,
     SliceLayout,
     _slow_speed,
+    diagnose_rendered,
     render_duration_s,
     replan_on_job,
     score,
@@ -50,9 +49,6 @@ from faultlens.datasets.campaign_render import (
 )
 from faultlens.datasets.cluster import GPU_PCI_DEVICE_ID
 from faultlens.datasets.scenario import Scenario, ScenarioSpec
-from faultlens.datasets.scenario_files import write_batch_dir
-from faultlens.diagnosis.batch import diagnose_records
-from faultlens.diagnosis.detectors import default_detectors
 from faultlens.stream.topology import Topology
 from faultlens.vocabulary import ActionType, FaultKind
 
@@ -226,20 +222,13 @@ def decide_hard(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault
     t0 = time.perf_counter()
     sc = Scenario(hard_spec(kind, layout, seed, fault_class, nccl_timeout_s, noise))
     hardening = harden(sc, kind, seed)
-    tmp = Path(tempfile.mkdtemp(prefix="faultlens-hard-"))
-    try:
-        out = write_batch_dir(sc, tmp / "batch")
+
+    def drop(out: Path) -> None:
         for r in hardening.dumps_dropped:  # the agent got no answer from py-spy for these ranks
             (out / "stacks" / f"{r}.txt").unlink(missing_ok=True)
         shutil.rmtree(out / "flight_recorder", ignore_errors=True)
-        data = read_batch_dir(out)
-        records = list(data.records())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    truth = sc.truth()
-    t1 = time.perf_counter()
-    incidents, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
-    t2 = time.perf_counter()
+
+    data, records, truth, incidents, actions, t1, t2 = diagnose_rendered(sc, config, edit=drop)
     s = score(actions, incidents, truth)
     # a cascade's late errors may draw a later eviction of a healthy peer: every machine any eviction or
     # adaptation names counts (score looks at the first such action only)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -221,6 +221,27 @@ class Rendered(NamedTuple):
     truth: dict[str, Any]
 
 
+def diagnose_rendered(sc: Scenario, config: Config, *, workdir: Path | None = None,
+                      edit: Callable[[Path], None] | None = None) -> tuple[Any, list[Any], dict[str, Any], Any, Any,
+                                                                           float, float]:
+    """Write a rendered scenario as a batch directory (``edit`` may change it first: a hard render drops
+    files), read it back as the batch contract says and diagnose it: (data, records, truth, incidents,
+    actions, render end, diagnosis end) with perf_counter times. Every campaign render goes through here."""
+    tmp = Path(tempfile.mkdtemp(prefix="faultlens-campaign-", dir=workdir))
+    try:
+        out = write_batch_dir(sc, tmp / "batch")
+        if edit is not None:
+            edit(out)
+        data = read_batch_dir(out)
+        records = list(data.records())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    truth = sc.truth()
+    t1 = time.perf_counter()
+    incidents, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
+    return data, records, truth, incidents, actions, t1, time.perf_counter()
+
+
 def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_class: str, nccl_timeout_s: float,
            config: Config | None = None, workdir: Path | None = None, job_dp: int | None = None,
            noise: Noise | None = None) -> Rendered:
@@ -232,17 +253,7 @@ def decide(kind: str, layout: SliceLayout, seed: int, bucket: int, *, fault_clas
     config = config or Config()
     t0 = time.perf_counter()
     sc = Scenario(slice_spec(kind, layout, seed, fault_class, nccl_timeout_s, noise))
-    tmp = Path(tempfile.mkdtemp(prefix="faultlens-campaign-", dir=workdir))
-    try:
-        out = write_batch_dir(sc, tmp / "batch")
-        data = read_batch_dir(out)
-        records = list(data.records())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    truth = sc.truth()
-    t1 = time.perf_counter()
-    incidents, actions = diagnose_records(data.job, records, config, detectors=default_detectors())
-    t2 = time.perf_counter()
+    data, records, truth, incidents, actions, t1, t2 = diagnose_rendered(sc, config, workdir=workdir)
     s = score(actions, incidents, truth)
     if job_dp and job_dp > layout.dp and s["action"] == A.ADAPT_PARALLELISM:
         chosen = next(a for a in actions if a.type == A.ADAPT_PARALLELISM)
